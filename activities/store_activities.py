@@ -1,0 +1,155 @@
+"""Activities: the only code of the loop that touches the store.
+
+Each is a synchronous method (the drivers are blocking) run by the worker's thread
+pool. Bad data is a non-retryable ``ApplicationError``: retrying it cannot help
+and would only hide the problem; a store that is briefly unavailable raises an
+ordinary exception and the workflow's retry policy tries again.
+"""
+
+from __future__ import annotations
+
+import time
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from forge.activity_contract import (
+    ACT_DELETE_JOB,
+    ACT_FENCE,
+    ACT_JOB_CHANGES,
+    ACT_METRICS,
+    ACT_PERSIST,
+    ACT_PUT_JOB,
+    ACT_READ_REPORTS,
+    ACT_SNAPSHOT_ASSIGNMENTS,
+    ACT_SNAPSHOT_NODES,
+    ACT_WATCH,
+    AssignmentRows,
+    ClusterRef,
+    DeleteJobIn,
+    JobChangesIn,
+    MetricsIn,
+    MetricsOut,
+    NodesPage,
+    PageIn,
+    PersistIn,
+    PutJobIn,
+    ReportsIn,
+    ReportsOut,
+    WatchIn,
+    WatchOut,
+    row_from_assignment,
+    to_delta,
+)
+from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, StoreError
+
+__all__ = ["StoreActivities"]
+
+
+class StoreActivities:
+    """Binds the activities to one store (the worker opens it once)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def all(self) -> list[object]:
+        return [
+            self.fence,
+            self.snapshot_nodes,
+            self.snapshot_assignments,
+            self.job_changes,
+            self.put_job,
+            self.delete_job,
+            self.persist,
+            self.watch,
+            self.read_reports,
+            self.metrics,
+        ]
+
+    @activity.defn(name=ACT_FENCE)
+    def fence(self, ref: ClusterRef) -> list[int] | None:
+        f = self.store.fence(ref.cluster)
+        return None if f is None else [f.generation, f.pass_no]
+
+    @activity.defn(name=ACT_SNAPSHOT_NODES)
+    def snapshot_nodes(self, page: PageIn) -> NodesPage:
+        nodes = self.store.nodes(page.cluster, page.after, page.limit)
+        nxt = nodes[-1].id if len(nodes) == page.limit else None
+        return NodesPage(nodes=nodes, next_after=nxt)
+
+    @activity.defn(name=ACT_SNAPSHOT_ASSIGNMENTS)
+    def snapshot_assignments(self, page: PageIn) -> AssignmentRows:
+        rows = self.store.assignments(page.cluster, page.after, page.limit)
+        nxt = rows[-1].workload_id if len(rows) == page.limit else None
+        return AssignmentRows(rows=[row_from_assignment(a) for a in rows], next_after=nxt)
+
+    @activity.defn(name=ACT_JOB_CHANGES)
+    def job_changes(self, req: JobChangesIn) -> JobPage:
+        return self.store.job_changes(req.cluster, req.since, req.limit)
+
+    @activity.defn(name=ACT_PUT_JOB)
+    def put_job(self, req: PutJobIn) -> int:
+        return self.store.put_job(req.cluster, req.job)
+
+    @activity.defn(name=ACT_DELETE_JOB)
+    def delete_job(self, req: DeleteJobIn) -> int | None:
+        return self.store.delete_job(req.cluster, req.job_id)
+
+    @activity.defn(name=ACT_PERSIST)
+    def persist(self, req: PersistIn) -> ApplyResult:
+        try:
+            delta = to_delta(req, validate=True)
+        except ValueError as err:
+            raise ApplicationError(f"invalid delta: {err}", non_retryable=True) from err
+        started = time.perf_counter()
+        try:
+            result = self.store.apply_delta(
+                req.cluster, Fence(req.generation, req.pass_no), delta
+            )
+        except StaleFenceError as err:
+            activity.metric_meter().create_counter(
+                "forge_persist_refused", "persists refused by the fence"
+            ).add(1)
+            raise ApplicationError(str(err), type="StaleFence", non_retryable=True) from err
+        except StoreError as err:
+            raise ApplicationError(str(err), type="StoreError", non_retryable=True) from err
+        activity.metric_meter().create_histogram_float(
+            "forge_persist_seconds", "time to apply one pass's delta to the store", "s"
+        ).record(time.perf_counter() - started)
+        return result
+
+    @activity.defn(name=ACT_WATCH)
+    def watch(self, req: WatchIn) -> WatchOut:
+        """Long-poll the store like a Kubernetes watch: return as soon as jobs
+        changed, task reports arrived or a node's heartbeat expired, or after
+        ``max_seconds``. Polling happens here, outside history, so an idle
+        cluster costs one activity per ``max_seconds`` instead of one per poll."""
+        deadline = time.monotonic() + req.max_seconds
+        while True:
+            rev = self.store.revision(req.cluster)
+            reports = self.store.reports_since(req.cluster, req.reports_seq, limit=1)
+            expired = self.store.expired_nodes(req.cluster, time.time() - req.heartbeat_ttl)
+            seq = reports[-1].seq if reports else req.reports_seq
+            if rev != req.jobs_revision or reports or expired:
+                reason = "jobs" if rev != req.jobs_revision else "reports" if reports else "expired"
+                return WatchOut(jobs_revision=rev, reports_seq=seq, expired=expired, reason=reason)
+            if time.monotonic() >= deadline:
+                return WatchOut(jobs_revision=rev, reports_seq=seq, reason="timeout")
+            activity.heartbeat()
+            if activity.is_cancelled():
+                raise activity.CancelledError
+            time.sleep(req.poll)
+
+    @activity.defn(name=ACT_READ_REPORTS)
+    def read_reports(self, req: ReportsIn) -> ReportsOut:
+        reports = self.store.reports_since(req.cluster, req.seq, req.limit)
+        latest: dict[str, str] = {}
+        for r in reports:
+            latest[r.workload_id] = r.status
+        last = reports[-1].seq if reports else req.seq
+        return ReportsOut(statuses=sorted(latest.items()), last_seq=last)
+
+    @activity.defn(name=ACT_METRICS)
+    def metrics(self, req: MetricsIn) -> MetricsOut:
+        usage = self.store.group_usage(req.cluster, time.time() - req.window)
+        return MetricsOut(usage={g: usage[g] for g in req.groups if g in usage})

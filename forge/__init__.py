@@ -1,0 +1,1 @@
+"""Forge: a durable cluster reconciler."""

@@ -1,0 +1,185 @@
+"""Activity names and payloads between the cluster workflow and its activities.
+
+Like :mod:`forge.contract` for clients, this is the one module both sides share,
+so the workflow never imports the code that does I/O. Bulk data travels in
+compact rows (``BindRow``) rather than one JSON object per binding: smaller
+payloads, less history, and faster to encode.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.models import Assignment, AssignmentStatus, Job, Node
+from forge.stores.base import Delta
+
+__all__ = [
+    "ACT_DELETE_JOB",
+    "ACT_FENCE",
+    "ACT_JOB_CHANGES",
+    "ACT_METRICS",
+    "ACT_PERSIST",
+    "ACT_PUT_JOB",
+    "ACT_READ_REPORTS",
+    "ACT_SNAPSHOT_ASSIGNMENTS",
+    "ACT_SNAPSHOT_NODES",
+    "ACT_WATCH",
+    "AssignmentRows",
+    "BindRow",
+    "ClusterRef",
+    "DeleteJobIn",
+    "JobChangesIn",
+    "MetricsIn",
+    "MetricsOut",
+    "NodesPage",
+    "PageIn",
+    "PersistIn",
+    "PutJobIn",
+    "ReportsIn",
+    "ReportsOut",
+    "WatchIn",
+    "WatchOut",
+    "assignment_from_row",
+    "row_from_assignment",
+    "to_delta",
+]
+
+ACT_FENCE = "forge.fence"
+ACT_SNAPSHOT_NODES = "forge.snapshot_nodes"
+ACT_SNAPSHOT_ASSIGNMENTS = "forge.snapshot_assignments"
+ACT_JOB_CHANGES = "forge.job_changes"
+ACT_PUT_JOB = "forge.put_job"
+ACT_DELETE_JOB = "forge.delete_job"
+ACT_PERSIST = "forge.persist"
+ACT_WATCH = "forge.watch"
+ACT_READ_REPORTS = "forge.read_reports"
+ACT_METRICS = "forge.metrics"
+
+#: (job, group, ordinal, node, gpu_ids, cpu, memory, status)
+BindRow = tuple[str, str, int, str, tuple[str, ...], int, int, str]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterRef(_Msg):
+    cluster: str
+
+
+class PageIn(_Msg):
+    cluster: str
+    after: str = ""
+    limit: int = Field(default=5000, ge=1)
+
+
+class NodesPage(_Msg):
+    nodes: list[Node]
+    next_after: str | None
+
+
+class AssignmentRows(_Msg):
+    rows: list[BindRow]
+    next_after: str | None
+
+
+class JobChangesIn(_Msg):
+    cluster: str
+    since: int
+    limit: int = 500
+
+
+class PutJobIn(_Msg):
+    cluster: str
+    job: Job
+
+
+class DeleteJobIn(_Msg):
+    cluster: str
+    job_id: str
+
+
+class PersistIn(_Msg):
+    cluster: str
+    generation: int
+    pass_no: int
+    bind: list[BindRow] = Field(default_factory=list)
+    release: list[str] = Field(default_factory=list)
+    nodes_upsert: list[Node] = Field(default_factory=list)
+    nodes_remove: list[str] = Field(default_factory=list)
+
+
+class WatchIn(_Msg):
+    cluster: str
+    jobs_revision: int
+    reports_seq: int
+    heartbeat_ttl: float
+    max_seconds: float
+    poll: float
+
+
+class WatchOut(_Msg):
+    jobs_revision: int
+    reports_seq: int
+    expired: list[str] = Field(default_factory=list)
+    reason: str = ""
+
+
+class ReportsIn(_Msg):
+    cluster: str
+    seq: int
+    limit: int = 5000
+
+
+class ReportsOut(_Msg):
+    statuses: list[tuple[str, str]] = Field(default_factory=list)  # (workload id, status)
+    last_seq: int
+
+
+class MetricsIn(_Msg):
+    cluster: str
+    groups: list[str]
+    window: float = 300.0
+
+
+class MetricsOut(_Msg):
+    usage: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+
+def row_from_assignment(a: Assignment) -> BindRow:
+    return (a.job, a.group, a.ordinal, a.node, tuple(a.gpu_ids), a.cpu, a.memory, str(a.status))
+
+
+def assignment_from_row(row: BindRow, *, validate: bool) -> Assignment:
+    job, group, ordinal, node, gpu_ids, cpu, memory, status = row
+    fields = {
+        "workload_id": f"{job}/{group}/{ordinal}",
+        "job": job,
+        "group": group,
+        "ordinal": ordinal,
+        "node": node,
+        "gpu_ids": tuple(gpu_ids),
+        "cpu": cpu,
+        "memory": memory,
+        "status": AssignmentStatus(status),
+    }
+    return Assignment.model_validate(fields) if validate else Assignment.model_construct(**fields)
+
+
+def to_delta(p: PersistIn, *, validate: bool) -> Delta:
+    """The store-level delta of a persist (the workflow builds it without
+    validation to compute the digest it expects back)."""
+    binds = [assignment_from_row(r, validate=validate) for r in p.bind]
+    if validate:
+        return Delta(
+            bind=binds,
+            release=list(p.release),
+            nodes_upsert=list(p.nodes_upsert),
+            nodes_remove=list(p.nodes_remove),
+        )
+    return Delta.model_construct(
+        bind=binds,
+        release=list(p.release),
+        nodes_upsert=list(p.nodes_upsert),
+        nodes_remove=list(p.nodes_remove),
+    )

@@ -1,0 +1,265 @@
+"""``ForgeClient``: the typed way to talk to a cluster workflow.
+
+It speaks only :mod:`forge.contract` (names and models), so it never imports the
+workflow's code. Starting a job uses update-with-start: if the cluster workflow
+is not running yet, the same call starts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+)
+from temporalio.service import RPCError
+
+from forge import contract as c
+from forge.models import Job, Node
+from forge.settings import Settings
+
+__all__ = [
+    "SEARCH_ATTRIBUTES",
+    "ForgeClient",
+    "ForgeError",
+    "ensure_search_attributes",
+]
+
+#: name -> type, registered by ``forge dev`` and by the worker at start.
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    c.SA_CLUSTER: "Keyword",
+    c.SA_PENDING: "Int",
+    c.SA_BOUND: "Int",
+    c.SA_NODES: "Int",
+}
+_SA_TYPES = {
+    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+}
+
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=60)
+
+
+class ForgeError(Exception):
+    """A request the cluster refused (``bad_input``: the caller's fault, exit 2)."""
+
+    def __init__(self, message: str, *, bad_input: bool = False) -> None:
+        super().__init__(message)
+        self.bad_input = bad_input
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Create Forge's search attributes where missing; returns the ones created.
+
+    Raises ``RPCError`` when the server refuses (e.g. Temporal Cloud, where they
+    are managed in the cloud console): the caller logs it and carries on, and the
+    workflow then simply does not upsert them.
+    """
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    have = set(listed.custom_attributes) | set(listed.system_attributes)
+    missing = {k: _SA_TYPES[v] for k, v in SEARCH_ATTRIBUTES.items() if k not in have}
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+    return sorted(missing)
+
+
+def _chunks(items: Sequence[Node], size: int) -> Iterable[Sequence[Node]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class ForgeClient:
+    """Verbs on one cluster. Build it with :meth:`connect` or from a ``Client``."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        cluster: str = "default",
+        task_queue: str = c.TASK_QUEUE,
+        options: c.ClusterOptions | None = None,
+        search_attributes: bool = True,
+    ) -> None:
+        self.client = client
+        self.search_attributes = search_attributes
+        self.cluster = cluster
+        self.task_queue = task_queue
+        self.options = options or c.ClusterOptions()
+
+    @classmethod
+    async def connect(cls, settings: Settings | None = None, **kw: Any) -> ForgeClient:
+        s = settings or Settings.from_env()
+        client = await s.connect()
+        return cls(client, cluster=s.cluster, task_queue=s.task_queue, **kw)
+
+    @property
+    def workflow_id(self) -> str:
+        return c.workflow_id(self.cluster)
+
+    def handle(self) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(self.workflow_id)
+
+    # -- the cluster --------------------------------------------------------------------
+    def _start_kwargs(self, with_attributes: bool) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "id": self.workflow_id,
+            "task_queue": self.task_queue,
+            "task_timeout": WORKFLOW_TASK_TIMEOUT,
+            "static_summary": f"Forge cluster `{self.cluster}`",
+            "static_details": (
+                f"Reconciles cluster **{self.cluster}**: places replicas, persists bindings, "
+                "reschedules off lost nodes, backs off what cannot be placed."
+            ),
+        }
+        if with_attributes:
+            kw["search_attributes"] = TypedSearchAttributes(
+                [SearchAttributePair(SearchAttributeKey.for_keyword(c.SA_CLUSTER), self.cluster)]
+            )
+        return kw
+
+    def _input(self) -> c.ClusterInput:
+        return c.ClusterInput(cluster=self.cluster, options=self.options)
+
+    async def start(self) -> str:
+        """Start the cluster workflow if it is not running; returns its run id."""
+        for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
+            try:
+                handle = await self.client.start_workflow(
+                    c.WORKFLOW_TYPE,
+                    self._input(),
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    **self._start_kwargs(with_attrs),
+                )
+                return handle.result_run_id or ""
+            except RPCError as err:
+                if with_attrs and "search attribute" in str(err).lower():
+                    continue  # not registered on this server: start without them
+                raise
+        raise AssertionError("unreachable")
+
+    # -- nodes --------------------------------------------------------------------------
+    async def register_nodes(self, nodes: Sequence[Node]) -> int:
+        """Signal nodes in batches (one history event per batch, not per node)."""
+        await self.start()
+        handle = self.handle()
+        for chunk in _chunks(nodes, c.MAX_NODES_PER_SIGNAL):
+            await handle.signal(c.SIGNAL_REGISTER_NODE, c.RegisterNodes(nodes=list(chunk)))
+        return len(nodes)
+
+    async def remove_node(self, node_id: str) -> None:
+        await self.handle().signal(c.SIGNAL_REMOVE_NODE, c.NodeRef(node_id=node_id))
+
+    async def node_lost(self, node_id: str) -> None:
+        await self.handle().signal(c.SIGNAL_NODE_LOST, c.NodeRef(node_id=node_id))
+
+    async def drain_node(self, node_id: str) -> int:
+        """Returns how many replicas were moved off the node."""
+        result: int = await self._update(c.UPDATE_DRAIN_NODE, c.DrainNode(node_id=node_id), int)
+        return result
+
+    # -- jobs ---------------------------------------------------------------------------
+    async def submit_job(self, job: Job, *, wait: bool = True) -> c.JobResult:
+        """Store the job and plan it; starts the cluster workflow if needed."""
+        req = c.SubmitJob(job=job, wait=wait)
+        for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
+            op = WithStartWorkflowOperation(
+                c.WORKFLOW_TYPE,
+                self._input(),
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                **self._start_kwargs(with_attrs),
+            )
+            try:
+                result: c.JobResult = await self.client.execute_update_with_start_workflow(
+                    c.UPDATE_SUBMIT_JOB, req, start_workflow_operation=op,
+                    result_type=c.JobResult,
+                )
+                return result
+            except WorkflowUpdateFailedError as err:
+                raise _refused(err) from err
+            except RPCError as err:
+                if with_attrs and "search attribute" in str(err).lower():
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def scale(self, job_id: str, group: str, count: int) -> c.JobResult:
+        req = c.ScaleGroup(job_id=job_id, group=group, count=count)
+        result: c.JobResult = await self._update(c.UPDATE_SCALE, req, c.JobResult)
+        return result
+
+    async def stop_job(self, job_id: str) -> c.JobResult:
+        result: c.JobResult = await self._update(
+            c.UPDATE_STOP_JOB, c.StopJob(job_id=job_id), c.JobResult
+        )
+        return result
+
+    async def report_failed(self, workload_ids: Sequence[str]) -> int:
+        total = 0
+        for i in range(0, len(workload_ids), c.MAX_WORKLOADS_PER_UPDATE):
+            part = list(workload_ids[i : i + c.MAX_WORKLOADS_PER_UPDATE])
+            res: c.ReportFailedResult = await self._update(
+                c.UPDATE_REPORT_FAILED, c.ReportFailed(workload_ids=part), c.ReportFailedResult
+            )
+            total += res.accepted
+        return total
+
+    # -- queries ------------------------------------------------------------------------
+    async def status(self) -> c.StatusView:
+        view: c.StatusView = await self.handle().query(c.QUERY_STATUS, result_type=c.StatusView)
+        return view
+
+    async def assignments(self, *, node: str | None = None, page: int = 5000) -> list[
+        c.AssignmentView
+    ]:
+        """Every binding, fetched page by page (a query result has a size limit)."""
+        out: list[c.AssignmentView] = []
+        after = ""
+        while True:
+            res: c.AssignmentsPage = await self.handle().query(
+                c.QUERY_ASSIGNMENTS,
+                c.AssignmentsQuery(after=after, limit=page, node=node),
+                result_type=c.AssignmentsPage,
+            )
+            out.extend(res.items)
+            if res.next_after is None:
+                return out
+            after = res.next_after
+
+    async def explain(self, workload_id: str) -> c.Explanation:
+        res: c.Explanation = await self.handle().query(
+            c.QUERY_EXPLAIN, workload_id, result_type=c.Explanation
+        )
+        return res
+
+    # -- helpers ------------------------------------------------------------------------
+    async def _update(self, name: str, arg: Any, result_type: type) -> Any:
+        try:
+            return await self.handle().execute_update(name, arg, result_type=result_type)
+        except WorkflowUpdateFailedError as err:
+            raise _refused(err) from err
+
+
+def _refused(err: WorkflowUpdateFailedError) -> ForgeError:
+    cause = err.cause
+    message = getattr(cause, "message", None) or str(cause or err)
+    return ForgeError(message, bad_input=True)

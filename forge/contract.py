@@ -1,0 +1,271 @@
+"""The cluster workflow's interface: names and payload models.
+
+Both sides import this module and nothing else of each other: the client
+(``forge.client``) sends these signals, updates and queries by name, and the
+workflow (``workflows.cluster``) implements them. Renaming anything here is a
+wire change.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.autoscale import AutoscaleState
+from forge.models import MAX_REPLICAS, Job, Name, Node
+from forge.reconcile import FailureHistory, PendingEntry, ReconcileOptions
+
+__all__ = [
+    "MAX_NODES_PER_SIGNAL",
+    "MAX_WORKLOADS_PER_UPDATE",
+    "QUERY_ASSIGNMENTS",
+    "QUERY_EXPLAIN",
+    "QUERY_STATUS",
+    "SA_BOUND",
+    "SA_CLUSTER",
+    "SA_NODES",
+    "SA_PENDING",
+    "SIGNAL_NODE_LOST",
+    "SIGNAL_REGISTER_NODE",
+    "SIGNAL_REMOVE_NODE",
+    "TASK_QUEUE",
+    "UPDATE_DRAIN_NODE",
+    "UPDATE_REPORT_FAILED",
+    "UPDATE_SCALE",
+    "UPDATE_STOP_JOB",
+    "UPDATE_SUBMIT_JOB",
+    "WORKFLOW_TYPE",
+    "AssignmentView",
+    "AssignmentsPage",
+    "AssignmentsQuery",
+    "Checkpoint",
+    "ClusterInput",
+    "ClusterOptions",
+    "DrainNode",
+    "Explanation",
+    "JobResult",
+    "NodeRef",
+    "NodeView",
+    "PendingView",
+    "RegisterNodes",
+    "ReportFailed",
+    "ReportFailedResult",
+    "ResourceView",
+    "ScaleGroup",
+    "StatusView",
+    "StopJob",
+    "SubmitJob",
+    "Summary",
+    "workflow_id",
+]
+
+WORKFLOW_TYPE = "ClusterWorkflow"
+TASK_QUEUE = "forge"
+
+SIGNAL_REGISTER_NODE = "register_node"
+SIGNAL_REMOVE_NODE = "remove_node"
+SIGNAL_NODE_LOST = "node_lost"
+
+UPDATE_SUBMIT_JOB = "submit_job"
+UPDATE_SCALE = "scale"
+UPDATE_STOP_JOB = "stop_job"
+UPDATE_DRAIN_NODE = "drain_node"
+UPDATE_REPORT_FAILED = "report_failed"
+
+QUERY_STATUS = "status"
+QUERY_ASSIGNMENTS = "assignments"
+QUERY_EXPLAIN = "explain"
+
+# Search attributes the workflow keeps current (registered by `forge dev` and by
+# the worker at start where the server allows it).
+SA_CLUSTER = "ForgeCluster"
+SA_PENDING = "ForgePending"
+SA_BOUND = "ForgeBound"
+SA_NODES = "ForgeNodes"
+
+#: One signal carries at most this many nodes (a history event stays well under
+#: the payload limit); the client batches larger registrations.
+MAX_NODES_PER_SIGNAL = 500
+MAX_WORKLOADS_PER_UPDATE = 1000
+
+
+def workflow_id(cluster: str) -> str:
+    return f"forge-cluster-{cluster}"
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- workflow input and what continue-as-new carries ----------------------------------
+
+
+class ClusterOptions(_Msg):
+    """Tunables of the loop. Defaults suit production; tests shrink them."""
+
+    reconcile: ReconcileOptions = ReconcileOptions()
+    heartbeat_ttl: float = Field(default=30.0, gt=0, description="node lost after this silence")
+    watch: bool = Field(
+        default=True, description="run the store watch (heartbeats, reports, outside writes)"
+    )
+    watch_seconds: float = Field(
+        default=900.0, gt=0, description="longest a store watch runs before it returns"
+    )
+    watch_poll: float = Field(default=0.5, gt=0, description="store poll period of the watch")
+    resync_seconds: float = Field(default=3600.0, gt=0, description="full job reload period")
+    job_page: int = Field(default=500, ge=1)
+    snapshot_page: int = Field(default=5000, ge=1)
+    report_page: int = Field(default=5000, ge=1)
+    max_passes_per_run: int = Field(
+        default=0, ge=0, description="continue-as-new after this many passes (0: when suggested)"
+    )
+    max_history_events: int = Field(default=20_000, ge=100)
+    max_history_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    carry_backoff_limit: int = Field(default=10_000, ge=0)
+
+
+class Checkpoint(_Msg):
+    """What one run hands the next. Nodes, jobs and bindings are not here: they are
+    in the store (written by every pass before a continue-as-new) and the new run
+    reloads them in pages, so this payload does not grow with the cluster."""
+
+    generation: int
+    pending: dict[str, PendingEntry] = Field(default_factory=dict)
+    failures: dict[str, FailureHistory] = Field(default_factory=dict)
+    autoscale: dict[str, AutoscaleState] = Field(default_factory=dict)
+    autoscale_evaluated: dict[str, float] = Field(default_factory=dict)
+    reports_seq: int = 0
+    last_resync: float = 0.0
+    runs: int = 0
+
+
+class ClusterInput(_Msg):
+    cluster: Name
+    options: ClusterOptions = ClusterOptions()
+    checkpoint: Checkpoint | None = None
+
+
+# -- signals ------------------------------------------------------------------------
+
+
+class RegisterNodes(_Msg):
+    nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES_PER_SIGNAL)
+
+
+class NodeRef(_Msg):
+    node_id: str
+
+
+# -- updates ------------------------------------------------------------------------
+
+
+class SubmitJob(_Msg):
+    job: Job
+    wait: bool = Field(default=True, description="return after the pass that planned it")
+
+
+class ScaleGroup(_Msg):
+    job_id: str
+    group: str
+    count: int = Field(ge=0, le=MAX_REPLICAS)
+
+
+class StopJob(_Msg):
+    job_id: str
+
+
+class DrainNode(_Msg):
+    node_id: str
+
+
+class ReportFailed(_Msg):
+    workload_ids: list[str] = Field(min_length=1, max_length=MAX_WORKLOADS_PER_UPDATE)
+
+
+class JobResult(_Msg):
+    job_id: str
+    revision: int
+    desired: int
+    bound: int
+    pending: int
+
+
+class ReportFailedResult(_Msg):
+    accepted: int
+
+
+# -- queries ------------------------------------------------------------------------
+
+
+class Summary(_Msg):
+    desired: int
+    bound: int
+    pending: int
+    nodes: int
+    jobs: int
+    passes: int
+    generation: int
+    last_pass_at: float | None
+    last_pass: str
+
+
+class ResourceView(_Msg):
+    capacity: int
+    allocated: int
+
+
+class GpuView(_Msg):
+    total: int
+    allocated: int
+
+
+class NodeView(_Msg):
+    id: str
+    state: str
+    cpu: ResourceView
+    memory: ResourceView
+    gpus: GpuView
+    replicas: int
+
+
+class AssignmentView(_Msg):
+    workload_id: str
+    node: str
+    gpu_ids: list[str]
+    status: str
+
+
+class PendingView(_Msg):
+    workload_id: str
+    reasons: list[str]
+    kind: str
+    attempts: int
+    not_before: float
+
+
+class StatusView(_Msg):
+    summary: Summary
+    nodes: list[NodeView]
+    pending: list[PendingView]
+    pending_truncated: int = 0
+
+
+class AssignmentsQuery(_Msg):
+    after: str = ""
+    limit: int = Field(default=1000, ge=1, le=10_000)
+    node: str | None = None
+
+
+class AssignmentsPage(_Msg):
+    items: list[AssignmentView]
+    next_after: str | None
+
+
+class Explanation(_Msg):
+    workload_id: str
+    state: Literal["bound", "pending", "unknown"]
+    node: str | None = None
+    gpu_ids: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list, description="per-node verdicts (top few)")

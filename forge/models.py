@@ -1,0 +1,377 @@
+"""The vocabulary of Forge: jobs, nodes, assignments and the plan of a pass.
+
+Every model is strict (no silent coercion of ``"500"`` into 500) and forbids
+unknown fields, so a typo in a job file is an error that names the field instead
+of a setting that silently does nothing. All models export JSON Schema
+(``Job.model_json_schema()``).
+
+Units: cpu in millicores, memory in MiB, GPU memory in MiB, times in seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+__all__ = [
+    "MAX_CPU",
+    "MAX_GPUS",
+    "MAX_GROUPS",
+    "MAX_MEMORY",
+    "MAX_REPLICAS",
+    "MAX_TASKS",
+    "Name",
+    "NAME_PATTERN",
+    "Assignment",
+    "AssignmentStatus",
+    "AutoscalePolicy",
+    "Constraint",
+    "DelayFunction",
+    "GpuDevice",
+    "GpuRequest",
+    "Job",
+    "Node",
+    "NodeState",
+    "Pending",
+    "Request",
+    "ReschedulePolicy",
+    "Resources",
+    "ScalingPolicy",
+    "Task",
+    "TaskGroup",
+    "workload_id",
+]
+
+# Size limits. They keep one job spec, one node and one pass bounded, so nothing a
+# user sends can grow a Temporal payload past its limit (see README "Limits").
+MAX_CPU = 10_000_000  # 10,000 cores in millicores
+MAX_MEMORY = 1 << 30  # 1 PiB in MiB
+MAX_GPUS = 64
+MAX_GROUPS = 64
+MAX_TASKS = 64
+MAX_REPLICAS = 100_000
+MAX_LABELS = 64
+MAX_ENV = 256
+MAX_ARGS = 256
+MAX_STRING = 4096
+
+#: Names are path segments of a workload id (``job/group/ordinal``): no ``/``, no
+#: whitespace or control characters, at most 63 characters (a DNS label's length).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="1-63 of [A-Za-z0-9._-]")]
+# Numbers and booleans are strict (``"500"`` or ``"yes"`` is an error, not a
+# coercion); containers are lax so YAML lists fill tuple fields and strings fill
+# enums.
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+Cpu = Annotated[int, Strict(), Field(ge=0, le=MAX_CPU, description="millicores")]
+Memory = Annotated[int, Strict(), Field(ge=0, le=MAX_MEMORY, description="MiB")]
+ShortStr = Annotated[str, Field(max_length=MAX_STRING)]
+Seconds = Annotated[float, Strict(), Field(ge=0, le=365 * 24 * 3600)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_control(value: str, what: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{what} must not contain control characters")
+    return value
+
+
+class GpuRequest(_Model):
+    """GPUs one task needs: whole devices, each with at least ``memory`` MiB."""
+
+    count: Int = Field(default=0, ge=0, le=MAX_GPUS)
+    memory: Memory = 0
+    models: tuple[Name, ...] = Field(default=(), max_length=32)
+
+
+class Resources(_Model):
+    cpu: Cpu = Field(gt=0)
+    memory: Memory = Field(gt=0)
+    gpu: GpuRequest = GpuRequest()
+
+
+class Task(_Model):
+    name: Name
+    command: tuple[ShortStr, ...] | None = Field(default=None, max_length=MAX_ARGS)
+    args: tuple[ShortStr, ...] = Field(default=(), max_length=MAX_ARGS)
+    env: dict[ShortStr, ShortStr] = Field(default_factory=dict, max_length=MAX_ENV)
+    resources: Resources
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"env name {key!r} is not a valid variable name")
+        return env
+
+
+class ScalingPolicy(_Model):
+    min: Int = Field(default=0, ge=0, le=MAX_REPLICAS)
+    max: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    desired: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if not self.min <= self.desired <= self.max:
+            raise ValueError(f"desired ({self.desired}) must be within [min, max] = "
+                             f"[{self.min}, {self.max}]")
+        return self
+
+
+class DelayFunction(StrEnum):
+    CONSTANT = "constant"
+    EXPONENTIAL = "exponential"
+    FIBONACCI = "fibonacci"
+
+
+class ReschedulePolicy(_Model):
+    """What happens to a replica that failed (Nomad's ``reschedule`` block).
+
+    At most ``attempts`` reschedules within ``interval`` seconds (``unlimited``
+    lifts the cap); each waits ``delay`` grown by ``delay_function`` up to
+    ``max_delay``.
+    """
+
+    attempts: Int = Field(default=3, ge=0, le=1000)
+    interval: Seconds = 3600.0
+    delay: Seconds = 15.0
+    delay_function: DelayFunction = DelayFunction.EXPONENTIAL
+    max_delay: Seconds = 300.0
+    unlimited: Bool = False
+
+    @model_validator(mode="after")
+    def _delays(self) -> Self:
+        if self.max_delay < self.delay:
+            raise ValueError(f"max_delay ({self.max_delay}) must be >= delay ({self.delay})")
+        return self
+
+
+class Constraint(_Model):
+    """A filter on node labels, e.g. ``{label: zone, op: in, values: [a, b]}``."""
+
+    label: Annotated[str, Field(min_length=1, max_length=253)]
+    op: Literal["=", "!=", "in", "not_in", "exists", "not_exists"] = "="
+    values: tuple[ShortStr, ...] = Field(default=(), max_length=64)
+
+    @model_validator(mode="after")
+    def _arity(self) -> Self:
+        if self.op in ("=", "!=") and len(self.values) != 1:
+            raise ValueError(f"op {self.op!r} takes exactly one value")
+        if self.op in ("in", "not_in") and not self.values:
+            raise ValueError(f"op {self.op!r} takes at least one value")
+        if self.op in ("exists", "not_exists") and self.values:
+            raise ValueError(f"op {self.op!r} takes no values")
+        return self
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        value = labels.get(self.label)
+        if self.op == "exists":
+            return value is not None
+        if self.op == "not_exists":
+            return value is None
+        if self.op in ("=", "in"):
+            return value is not None and value in self.values
+        return value is None or value not in self.values
+
+
+class AutoscalePolicy(_Model):
+    """How a group scales from utilisation (see ``forge.autoscale``).
+
+    ``threshold``: the original's policy (>= ``scale_up`` adds ``step``, <=
+    ``scale_down`` removes ``step``, then ``cooldown`` seconds of quiet).
+    ``target``: Kubernetes HPA (``ceil(current * util / target)`` with a tolerance
+    and a scale-down stabilisation window).
+    """
+
+    policy: Literal["threshold", "target"] = "threshold"
+    scale_up: Float = Field(default=0.8, gt=0, le=1)
+    scale_down: Float = Field(default=0.3, ge=0, lt=1)
+    step: Int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    cooldown: Seconds = 300.0
+    target: Float = Field(default=0.6, gt=0, le=1)
+    tolerance: Float = Field(default=0.1, ge=0, lt=1)
+    stabilization_window: Seconds = 300.0
+    interval: Seconds = Field(default=60.0, ge=1)
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> Self:
+        if self.scale_down >= self.scale_up:
+            raise ValueError(
+                f"scale_down ({self.scale_down}) must be < scale_up ({self.scale_up})"
+            )
+        return self
+
+
+class TaskGroup(_Model):
+    name: Name
+    tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
+    scaling: ScalingPolicy = ScalingPolicy()
+    constraints: tuple[Constraint, ...] = Field(default=(), max_length=64)
+    reschedule: ReschedulePolicy = ReschedulePolicy()
+    autoscale: AutoscalePolicy | None = None
+
+    @model_validator(mode="after")
+    def _unique_tasks(self) -> Self:
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate task names: {', '.join(dupes)}")
+        return self
+
+    def request(self) -> Request:
+        """One replica's needs: the sum of its tasks (GPU memory: the largest)."""
+        gpu_count = sum(t.resources.gpu.count for t in self.tasks)
+        gpu_memory = max(t.resources.gpu.memory for t in self.tasks)
+        allowed: tuple[str, ...] = ()
+        for task in self.tasks:
+            m = task.resources.gpu.models
+            if m:
+                allowed = tuple(sorted(set(allowed) & set(m))) if allowed else tuple(sorted(m))
+        return Request(
+            cpu=sum(t.resources.cpu for t in self.tasks),
+            memory=sum(t.resources.memory for t in self.tasks),
+            gpu=gpu_count,
+            gpu_memory=gpu_memory,
+            gpu_models=allowed,
+        )
+
+
+class Job(_Model):
+    id: Name = Field(default="", validate_default=False)
+    name: Name
+    priority: Int = Field(default=50, ge=1, le=100)
+    groups: tuple[TaskGroup, ...] = Field(min_length=1, max_length=MAX_GROUPS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_id(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("id") and "name" in data:
+            return {**data, "id": data["name"]}
+        return data
+
+    @model_validator(mode="after")
+    def _unique_groups(self) -> Self:
+        names = [g.name for g in self.groups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate group names: {', '.join(dupes)}")
+        return self
+
+    def group(self, name: str) -> TaskGroup | None:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        return None
+
+    def with_desired(self, group: str, desired: int) -> Job:
+        """A copy with one group's desired count changed (bounds widened to fit)."""
+        groups = []
+        for g in self.groups:
+            if g.name == group:
+                s = g.scaling
+                scaling = ScalingPolicy(
+                    min=min(s.min, desired), max=max(s.max, desired), desired=desired
+                )
+                g = g.model_copy(update={"scaling": scaling})
+            groups.append(g)
+        return self.model_copy(update={"groups": tuple(groups)})
+
+
+class Request(_Model):
+    """What one replica of a group needs from a node (derived, never user-written)."""
+
+    cpu: Int
+    memory: Int
+    gpu: Int = 0
+    gpu_memory: Int = 0
+    gpu_models: tuple[str, ...] = ()
+
+
+class GpuDevice(_Model):
+    id: Name
+    model: Name
+    memory: Memory
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    DRAINING = "draining"
+    LOST = "lost"
+
+
+class Node(_Model):
+    id: Name
+    cpu: Cpu
+    memory: Memory
+    gpus: tuple[GpuDevice, ...] = Field(default=(), max_length=MAX_GPUS)
+    labels: dict[Annotated[str, Field(min_length=1, max_length=253)], ShortStr] = Field(
+        default_factory=dict, max_length=MAX_LABELS
+    )
+    state: NodeState = NodeState.READY
+
+    @model_validator(mode="after")
+    def _unique_gpu_ids(self) -> Self:
+        ids = [g.id for g in self.gpus]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"duplicate gpu ids: {', '.join(dupes)}")
+        for k, v in self.labels.items():
+            _no_control(k, "label name")
+            _no_control(v, "label value")
+        return self
+
+
+class AssignmentStatus(StrEnum):
+    PENDING = "pending"  # bound to a node, not yet reported running
+    RUNNING = "running"
+    FAILED = "failed"
+
+
+def workload_id(job: str, group: str, ordinal: int) -> str:
+    return f"{job}/{group}/{ordinal}"
+
+
+class Assignment(_Model):
+    """One replica bound to one node (and, for GPU work, to exact device ids)."""
+
+    workload_id: str
+    job: str
+    group: str
+    ordinal: Int = Field(ge=0)
+    node: str
+    gpu_ids: tuple[str, ...] = ()
+    cpu: Int
+    memory: Int
+    status: AssignmentStatus = AssignmentStatus.PENDING
+
+    @model_validator(mode="after")
+    def _id_matches(self) -> Self:
+        if self.workload_id != workload_id(self.job, self.group, self.ordinal):
+            raise ValueError(f"workload_id {self.workload_id!r} does not match job/group/ordinal")
+        return self
+
+
+class Pending(_Model):
+    """A desired replica that is not bound, and why."""
+
+    workload_id: str
+    reasons: tuple[str, ...]
+    attempts: Int = 0
+    not_before: Float = 0.0
+
+
+def is_valid_name(value: str) -> bool:
+    return bool(_NAME_RE.match(value))

@@ -1,0 +1,169 @@
+"""Feasibility filters: can this node take this replica, and if not, why?
+
+Each filter is a small named rule (Kubernetes' Filter extension point, Nomad's
+feasibility checkers). The selector runs a fast inlined check on its hot path and
+uses this chain only to explain a failure, so the reasons a user reads come from
+the same rules that decided.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
+
+from forge.models import Constraint, NodeState, Request
+from forge.placement.state import NodeAlloc
+
+__all__ = [
+    "DEFAULT_FILTERS",
+    "ConstraintFilter",
+    "CpuFilter",
+    "Filter",
+    "GpuCountFilter",
+    "GpuMemoryFilter",
+    "GpuModelFilter",
+    "MemoryFilter",
+    "NodeStateFilter",
+    "diagnose",
+    "explain_node",
+    "format_reasons",
+]
+
+
+class Filter(Protocol):
+    """Returns None when the node passes, else a short reason ("insufficient cpu")."""
+
+    name: str
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None: ...
+
+
+class NodeStateFilter:
+    name = "node-state"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        state = node.node.state
+        return None if state is NodeState.READY else str(state.value)
+
+
+class ConstraintFilter:
+    name = "constraints"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        for c in constraints:
+            if not c.matches(node.node.labels):
+                return f"constraint {c.label} {c.op} {','.join(c.values)}".rstrip()
+        return None
+
+
+class GpuModelFilter:
+    name = "gpu-model"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        if not req.gpu or not req.gpu_models:
+            return None
+        have = sum(1 for g in node.node.gpus if g.model in req.gpu_models)
+        return None if have >= req.gpu else "gpu model"
+
+
+class GpuMemoryFilter:
+    name = "gpu-memory"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        if not req.gpu or not req.gpu_memory:
+            return None
+        have = len(node.matching_gpus(req, free_only=False))
+        return None if have >= req.gpu else "insufficient gpu memory"
+
+
+class GpuCountFilter:
+    name = "gpu"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        if not req.gpu:
+            return None
+        return None if len(node.matching_gpus(req, free_only=True)) >= req.gpu else (
+            "insufficient gpu"
+        )
+
+
+class CpuFilter:
+    name = "cpu"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        return None if node.cpu_free >= req.cpu else "insufficient cpu"
+
+
+class MemoryFilter:
+    name = "memory"
+
+    def check(
+        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
+    ) -> str | None:
+        return None if node.mem_free >= req.memory else "insufficient memory"
+
+
+#: Static rules first (they never change within a pass), then capacity.
+DEFAULT_FILTERS: tuple[Filter, ...] = (
+    NodeStateFilter(),
+    ConstraintFilter(),
+    GpuModelFilter(),
+    GpuMemoryFilter(),
+    GpuCountFilter(),
+    CpuFilter(),
+    MemoryFilter(),
+)
+
+
+def explain_node(
+    node: NodeAlloc,
+    req: Request,
+    constraints: Sequence[Constraint],
+    filters: Sequence[Filter] = DEFAULT_FILTERS,
+) -> str | None:
+    """The first reason this node rejects the request, None if it fits."""
+    for f in filters:
+        reason = f.check(node, req, constraints)
+        if reason is not None:
+            return reason
+    return None
+
+
+def diagnose(
+    nodes: Sequence[NodeAlloc],
+    req: Request,
+    constraints: Sequence[Constraint],
+    filters: Sequence[Filter] = DEFAULT_FILTERS,
+) -> tuple[int, Counter[str]]:
+    """How many nodes fit, and the first rejecting reason counted over the others."""
+    fit = 0
+    reasons: Counter[str] = Counter()
+    for n in nodes:
+        reason = explain_node(n, req, constraints, filters)
+        if reason is None:
+            fit += 1
+        else:
+            reasons[reason] += 1
+    return fit, reasons
+
+
+def format_reasons(total: int, fit: int, reasons: Counter[str]) -> str:
+    """Kubernetes-style: ``0/1523 nodes available: 812 insufficient gpu, 3 draining``."""
+    parts = [f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))]
+    head = f"{fit}/{total} nodes available"
+    return f"{head}: {', '.join(parts)}" if parts else head

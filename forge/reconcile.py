@@ -1,0 +1,333 @@
+"""One reconcile pass as a pure function: desired + actual + now -> Plan.
+
+Like Nomad's reconciler, this module decides *what* happens to each replica
+(keep, release, place, wait) and leaves *where* to :mod:`forge.placement`. It
+reads no clock (``now`` is a parameter), draws no unseeded randomness and iterates
+only in deterministic orders, so the cluster workflow can run it as workflow code
+and get the same plan on replay, on any machine.
+
+The order of a pass:
+
+1. **release** bindings that are no longer desired (job stopped, scaled down,
+   spec changed), sit on a lost, draining, removed or shrunken node, or failed;
+2. **place** missing replicas in priority order, then job id, group order,
+   ordinal, skipping those still waiting out a backoff or a reschedule delay;
+3. record who is **pending** and why, and when the pass must run again.
+
+Backoff: a replica that found no node waits ``base * 2**(attempts-1)`` seconds
+(1, 2, 4 ... capped at 300 by default). A pass that frees or adds capacity
+(a release, or a node joining: ``capacity_changed``) makes every backed-off
+replica eligible at once, like Kubernetes' queueing hints moving pods out of the
+unschedulable queue or Nomad unblocking blocked evaluations: waiting out a timer
+while a node sits idle would break "everything that fits is placed".
+
+Failed replicas follow their group's reschedule policy: at most ``attempts``
+reschedules per ``interval``, each after a delay grown by the policy's delay
+function, and the next placement avoids the node it failed on when another fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.models import (
+    AssignmentStatus,
+    DelayFunction,
+    Job,
+    Node,
+    NodeState,
+    ReschedulePolicy,
+    Request,
+    TaskGroup,
+    workload_id,
+)
+from forge.placement import Binding, Cluster, Placer
+from forge.placement.scorers import ALGORITHMS
+
+__all__ = [
+    "FailureHistory",
+    "PendingEntry",
+    "Plan",
+    "ReconcileOptions",
+    "backoff_delay",
+    "reconcile",
+    "reschedule_delay",
+]
+
+
+class ReconcileOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: Literal["binpack", "spread"] = "binpack"
+    candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
+    backoff_base: float = Field(default=1.0, gt=0)
+    backoff_cap: float = Field(default=300.0, gt=0)
+    max_placements: int = Field(
+        default=20_000, ge=1, description="placements per pass; the rest go next pass"
+    )
+    seed: int = 0
+
+
+assert set(ALGORITHMS) == {"binpack", "spread"}
+
+
+class PendingEntry(BaseModel):
+    """Why a desired replica is unbound and when it may be tried again.
+
+    kind: ``backoff`` (no node fit), ``reschedule`` (failed; waiting the policy's
+    delay), ``exhausted`` (failed too often within the policy's interval).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["backoff", "reschedule", "exhausted", "deferred"] = "backoff"
+    attempts: int = 0
+    not_before: float = 0.0
+    reasons: tuple[str, ...] = ()
+
+
+class FailureHistory(BaseModel):
+    """Recent failures of one replica, for its group's reschedule policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    times: tuple[float, ...] = ()
+    last_node: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    """The outcome of a pass. ``bindings`` is the complete new actual state."""
+
+    bindings: dict[str, Binding]
+    placed: list[Binding] = field(default_factory=list)
+    released: list[tuple[str, str]] = field(default_factory=list)  # (workload id, reason)
+    pending: dict[str, PendingEntry] = field(default_factory=dict)
+    failures: dict[str, FailureHistory] = field(default_factory=dict)
+    next_wake: float | None = None
+    deferred: int = 0
+    desired: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.placed or self.released)
+
+
+def backoff_delay(attempts: int, options: ReconcileOptions) -> float:
+    """1, 2, 4, ... seconds (for base 1), capped."""
+    if attempts <= 0:
+        return 0.0
+    exp = min(attempts - 1, 62)
+    return float(min(options.backoff_cap, options.backoff_base * (2**exp)))
+
+
+def reschedule_delay(policy: ReschedulePolicy, reschedules: int) -> float:
+    """Delay before the n-th reschedule (n >= 1) under a group's policy."""
+    n = max(1, reschedules)
+    if policy.delay_function is DelayFunction.CONSTANT:
+        d = policy.delay
+    elif policy.delay_function is DelayFunction.EXPONENTIAL:
+        d = policy.delay * (2 ** min(n - 1, 62))
+    else:
+        a, b = 1, 1
+        for _ in range(min(n - 1, 90)):
+            a, b = b, a + b
+        d = policy.delay * a
+    return float(min(d, policy.max_delay))
+
+
+def reconcile(
+    *,
+    jobs: Mapping[str, Job],
+    nodes: Mapping[str, Node],
+    bindings: Mapping[str, Binding],
+    pending: Mapping[str, PendingEntry],
+    failures: Mapping[str, FailureHistory],
+    failed: Collection[str] = (),
+    capacity_changed: bool = False,
+    now: float,
+    options: ReconcileOptions = ReconcileOptions(),
+) -> Plan:
+    """Plan one pass. Inputs are not mutated; mapping iteration orders must be
+    deterministic (the workflow builds its dicts deterministically)."""
+    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = {}
+    for job in jobs.values():
+        for g in job.groups:
+            groups[(job.id, g.name)] = (job, g, g.request())
+
+    cluster = Cluster(list(nodes.values()))
+    failed_set = set(failed)
+    just_failed: set[str] = set()
+    plan = Plan(bindings={})
+    new_failures = dict(failures)
+
+    # 1. release --------------------------------------------------------------------
+    for wid, b in bindings.items():
+        reason = _release_reason(b, groups, cluster, failed_set)
+        if reason is None:
+            alloc = cluster.by_id[b.node]
+            if alloc.hold(b):
+                plan.bindings[wid] = b
+                continue
+            reason = "node capacity changed"
+        plan.released.append((wid, reason))
+        if reason == "failed":
+            just_failed.add(wid)
+            hist = failures.get(wid, FailureHistory())
+            entry = groups.get((b.job, b.group))
+            window = entry[1].reschedule.interval if entry else 0.0
+            times = tuple(t for t in hist.times if t > now - window) + (now,)
+            new_failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
+
+    capacity_freed = capacity_changed or bool(plan.released)
+    placer = Placer(
+        cluster, algorithm=options.algorithm, candidates=options.candidates, seed=options.seed
+    )
+
+    # 2. place, in priority order ----------------------------------------------------
+    ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
+    placed_count = 0
+    for job in ordered:
+        for g in job.groups:
+            req = groups[(job.id, g.name)][2]
+            constraints = g.constraints
+            for ordinal in range(g.scaling.desired):
+                wid = workload_id(job.id, g.name, ordinal)
+                plan.desired += 1
+                if wid in plan.bindings:
+                    continue
+                prev = pending.get(wid)
+                hist = new_failures.get(wid)
+                wait = _waiting(prev, hist, g.reschedule, wid in just_failed, now, capacity_freed)
+                if wait is not None:
+                    plan.pending[wid] = wait
+                    continue
+                if placed_count >= options.max_placements:
+                    plan.deferred += 1
+                    plan.pending[wid] = PendingEntry(
+                        kind="deferred",
+                        attempts=prev.attempts if prev else 0,
+                        not_before=now,
+                        reasons=("deferred to the next pass (per-pass placement limit)",),
+                    )
+                    continue
+                avoid = hist.last_node if hist else None
+                choice = placer.place(req, constraints, avoid=avoid)
+                if choice is None:
+                    attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
+                    plan.pending[wid] = PendingEntry(
+                        kind="backoff",
+                        attempts=attempts,
+                        not_before=now + backoff_delay(attempts, options),
+                        reasons=(placer.why_not(req, constraints),),
+                    )
+                    continue
+                b = Binding(
+                    job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory
+                )
+                plan.bindings[wid] = b
+                plan.placed.append(b)
+                placed_count += 1
+
+    # failure histories only for replicas that are still desired
+    plan.failures = {
+        w: h
+        for w, h in new_failures.items()
+        if _still_desired(w, groups) and (h.times and h.times[-1] > now - _window(w, groups))
+    }
+
+    # 3. when to wake ------------------------------------------------------------------
+    wake: float | None = now if plan.deferred else None
+    for entry in plan.pending.values():
+        if entry.kind != "deferred" and entry.not_before > now:
+            wake = entry.not_before if wake is None else min(wake, entry.not_before)
+    plan.next_wake = wake
+    plan.released.sort()
+    return plan
+
+
+def _release_reason(
+    b: Binding,
+    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
+    cluster: Cluster,
+    failed: set[str],
+) -> str | None:
+    entry = groups.get((b.job, b.group))
+    if entry is None:
+        return "job stopped"
+    _, g, req = entry
+    if b.ordinal >= g.scaling.desired:
+        return "scaled down"
+    node = cluster.by_id.get(b.node)
+    if node is None:
+        return "node removed"
+    if node.node.state is NodeState.LOST:
+        return "node lost"
+    if node.node.state is NodeState.DRAINING:
+        return "node draining"
+    if b.status is AssignmentStatus.FAILED or b.workload_id in failed:
+        return "failed"
+    if b.cpu != req.cpu or b.memory != req.memory or len(b.gpu_ids) != req.gpu:
+        return "spec changed"
+    if not all(c.matches(node.node.labels) for c in g.constraints):
+        return "constraints changed"
+    if req.gpu and (req.gpu_models or req.gpu_memory):
+        devices = {d.id: d for d in node.node.gpus}
+        for gid in b.gpu_ids:
+            d = devices.get(gid)
+            if d is None or (req.gpu_models and d.model not in req.gpu_models):
+                return "spec changed"
+            if d.memory < req.gpu_memory:
+                return "spec changed"
+    return None
+
+
+def _waiting(
+    prev: PendingEntry | None,
+    hist: FailureHistory | None,
+    policy: ReschedulePolicy,
+    just_failed: bool,
+    now: float,
+    capacity_freed: bool,
+) -> PendingEntry | None:
+    """The entry to keep when this replica must not be tried in this pass."""
+    if just_failed and hist is not None:
+        # it failed in this very pass: apply the reschedule policy
+        recent = [t for t in hist.times if t > now - policy.interval]
+        if not policy.unlimited and len(recent) > policy.attempts:
+            return PendingEntry(
+                kind="exhausted",
+                attempts=len(recent),
+                not_before=recent[0] + policy.interval,
+                reasons=(
+                    f"failed {len(recent)} times within {policy.interval:g}s; "
+                    f"reschedule attempts ({policy.attempts}) exhausted",
+                ),
+            )
+        delay = reschedule_delay(policy, len(recent))
+        return PendingEntry(
+            kind="reschedule",
+            attempts=len(recent),
+            not_before=now + delay,
+            reasons=(f"failed on {hist.last_node}; rescheduling in {delay:g}s",),
+        )
+    if prev is None or now >= prev.not_before:
+        return None
+    if prev.kind == "backoff" and capacity_freed:
+        return None
+    return prev
+
+
+def _still_desired(wid: str, groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]) -> bool:
+    job, group, ordinal = wid.rsplit("/", 2)
+    entry = groups.get((job, group))
+    return entry is not None and int(ordinal) < entry[1].scaling.desired
+
+
+def _window(wid: str, groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]) -> float:
+    job, group, _ = wid.rsplit("/", 2)
+    return groups[(job, group)][1].reschedule.interval

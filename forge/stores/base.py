@@ -1,0 +1,240 @@
+"""The ``Store`` protocol: where jobs, the persisted bindings, heartbeats and task
+reports live.
+
+The store is the system of record for *intent* (jobs, with a revision like an etcd
+key space) and the durable copy of *actual* state (bindings and registered nodes),
+written only by the cluster workflow's persist activity, one fenced delta per pass.
+High-rate traffic (node heartbeats, task status reports) is written here by agents
+and read in batches, so it never becomes one Temporal signal per event.
+
+Every method is synchronous: SQLite and psycopg are blocking drivers and the
+activities that call them run in a thread pool. Every method takes the cluster
+name first, so one database can hold many clusters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.models import Assignment, Job, Node
+
+__all__ = [
+    "ApplyResult",
+    "Delta",
+    "Fence",
+    "JobChange",
+    "JobPage",
+    "StaleFenceError",
+    "Store",
+    "StoreError",
+    "TaskReport",
+    "check_fence",
+    "delta_digest",
+    "group_of",
+    "mean_usage",
+]
+
+
+class StoreError(Exception):
+    """A store operation failed in a way a retry will not fix (bad data, conflict)."""
+
+
+class StaleFenceError(StoreError):
+    """A delta from an older pass arrived after a newer one was applied: refused."""
+
+
+class Fence(NamedTuple):
+    """Orders persists: ``generation`` grows with each workflow run (continue-as-new
+    or restart), ``pass_no`` with each pass within a run. Tuples compare in order."""
+
+    generation: int
+    pass_no: int
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JobChange(_Wire):
+    revision: int
+    job_id: str
+    job: Job | None  # None: the job was deleted (a tombstone)
+
+
+class JobPage(_Wire):
+    changes: list[JobChange]
+    revision: int = Field(description="the highest revision this page covers")
+    more: bool
+
+
+class Delta(_Wire):
+    """What one pass changed. ``bind`` upserts (new bindings and status changes)."""
+
+    bind: list[Assignment] = Field(default_factory=list)
+    release: list[str] = Field(default_factory=list)
+    nodes_upsert: list[Node] = Field(default_factory=list)
+    nodes_remove: list[str] = Field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.bind or self.release or self.nodes_upsert or self.nodes_remove)
+
+
+class ApplyResult(_Wire):
+    applied: bool = Field(description="False when this fence was already applied (a retry)")
+    digest: str
+
+
+class TaskReport(_Wire):
+    """A task agent's report about one replica. ``seq`` is assigned by the store."""
+
+    seq: int = 0
+    workload_id: str
+    status: str = Field(pattern="^(running|failed|exited)$")
+    cpu: float | None = Field(default=None, ge=0, description="cpu utilisation 0..1+")
+    memory: float | None = Field(default=None, ge=0, description="memory utilisation 0..1+")
+    at: float
+    message: str = Field(default="", max_length=1024)
+
+
+def delta_digest(delta: Delta) -> str:
+    """A digest of a delta, identical in the workflow and in every store.
+
+    The persist activity returns it and the workflow compares it with its own, so a
+    replay that rebuilt a different plan than the one persisted (a determinism bug)
+    is detected instead of silently diverging from the store.
+    """
+    body = json.dumps(delta.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def check_fence(
+    fence: Fence, stored: Fence | None, stored_digest: str, digest: str
+) -> ApplyResult | None:
+    """Decide what ``apply_delta`` does with ``fence``; ``None`` means "apply it".
+
+    Shared by every store so the three backends cannot drift apart on the one rule
+    that keeps a late retry from overwriting a newer pass.
+    """
+    if stored is None or fence > stored:
+        return None
+    if fence < stored:
+        raise StaleFenceError(f"fence {tuple(fence)} is older than the stored {tuple(stored)}")
+    if digest != stored_digest:
+        raise StoreError(
+            f"fence {tuple(fence)} was already applied with a different delta "
+            f"(stored digest {stored_digest}, this one {digest}): the plan diverged"
+        )
+    return ApplyResult(applied=False, digest=stored_digest)
+
+
+def group_of(workload: str) -> str | None:
+    """``job/group`` of a workload id ``job/group/ordinal`` (None if malformed)."""
+    head, sep, _ = workload.rpartition("/")
+    return head if sep and "/" in head else None
+
+
+def mean_usage(
+    latest: Iterable[tuple[str, float | None, float | None]],
+) -> dict[str, tuple[float, float]]:
+    """Average ``(workload_id, cpu, memory)`` rows per ``job/group``.
+
+    Each dimension is averaged over the replicas that reported it, so a replica
+    that reports only memory does not drag the group's cpu towards zero; a
+    dimension nobody reported is 0.0. Shared so every store rounds the same way.
+    """
+    sums: dict[str, list[float]] = {}
+    for workload, cpu, memory in latest:
+        group = group_of(workload)
+        if group is None or (cpu is None and memory is None):
+            continue
+        acc = sums.setdefault(group, [0.0, 0.0, 0.0, 0.0])
+        if cpu is not None:
+            acc[0] += cpu
+            acc[1] += 1
+        if memory is not None:
+            acc[2] += memory
+            acc[3] += 1
+    return {
+        group: (c / nc if nc else 0.0, m / nm if nm else 0.0)
+        for group, (c, nc, m, nm) in sorted(sums.items())
+    }
+
+
+@runtime_checkable
+class Store(Protocol):
+    # -- jobs: intent, with a monotonically increasing per-cluster revision --------
+    def put_job(self, cluster: str, job: Job) -> int:
+        """Insert or replace a job; returns the new revision."""
+        ...
+
+    def delete_job(self, cluster: str, job_id: str) -> int | None:
+        """Delete a job (leaves a tombstone); returns the revision, None if absent."""
+        ...
+
+    def get_job(self, cluster: str, job_id: str) -> Job | None: ...
+
+    def list_jobs(self, cluster: str) -> list[Job]:
+        """Live jobs ordered by id."""
+        ...
+
+    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
+        """Changes with revision > since, oldest first, at most ``limit``.
+
+        Only the latest change of each job is kept (like a compacted watch); deleted
+        jobs appear as tombstones (``job=None``)."""
+        ...
+
+    def revision(self, cluster: str) -> int:
+        """The latest job revision (0 for an empty cluster)."""
+        ...
+
+    # -- actual state: bindings and nodes, written by the persist activity ---------
+    def apply_delta(self, cluster: str, fence: Fence, delta: Delta) -> ApplyResult:
+        """Apply a pass's changes atomically.
+
+        fence < stored fence: raise ``StaleFenceError`` (nothing written).
+        fence == stored fence: a retry; nothing written, ``applied=False``, the
+        stored digest returned (``StoreError`` if the digest differs).
+        fence > stored fence: apply, store fence and digest, ``applied=True``.
+        """
+        ...
+
+    def fence(self, cluster: str) -> Fence | None:
+        """The last applied fence, None if nothing was ever persisted."""
+        ...
+
+    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
+        """Bindings with workload_id > after, ordered by workload_id."""
+        ...
+
+    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
+        """Registered nodes with id > after, ordered by id."""
+        ...
+
+    # -- liveness and task status, written by agents, read in batches --------------
+    def heartbeat(self, cluster: str, node_id: str, at: float) -> None: ...
+
+    def expired_nodes(self, cluster: str, before: float, limit: int = 1000) -> list[str]:
+        """Registered nodes, not already lost, whose last heartbeat is older than
+        ``before``. Nodes that never sent a heartbeat are not monitored."""
+        ...
+
+    def report(self, cluster: str, reports: list[TaskReport]) -> int:
+        """Append task reports; returns the last sequence number assigned."""
+        ...
+
+    def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
+        """Reports with seq > ``seq``, oldest first."""
+        ...
+
+    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
+        """Mean (cpu, memory) utilisation per ``job/group`` over each replica's
+        latest report at or after ``since``; groups with no report are absent."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,75 @@
+"""Helpers to run the cluster workflow in-process against a test server."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.store_activities import StoreActivities
+from forge import contract as c
+from forge.client import ForgeClient
+from forge.models import Job, Node
+from forge.reconcile import ReconcileOptions
+from forge.stores import MemoryStore, Store
+from workflows.cluster import ClusterWorkflow
+
+__all__ = ["cluster", "job", "node", "test_options"]
+
+
+def test_options(**kw: object) -> c.ClusterOptions:
+    base: dict[str, object] = {"watch": False, "reconcile": ReconcileOptions()}
+    base.update(kw)
+    return c.ClusterOptions.model_validate(base)
+
+
+def node(node_id: str, cpu: int = 4000, memory: int = 8192, gpus: int = 0) -> Node:
+    return Node.model_validate({
+        "id": node_id, "cpu": cpu, "memory": memory,
+        "gpus": [{"id": f"gpu{i}", "model": "A100", "memory": 40960} for i in range(gpus)],
+    })
+
+
+def job(name: str, replicas: int = 1, cpu: int = 1000, memory: int = 1024, gpu: int = 0,
+        priority: int = 50, **group: object) -> Job:
+    g: dict[str, object] = {
+        "name": "main",
+        "scaling": {"min": 0, "max": max(replicas, 1) * 10, "desired": replicas},
+        "tasks": [{"name": "t", "resources": {"cpu": cpu, "memory": memory,
+                                               "gpu": {"count": gpu}}}],
+    }
+    g.update(group)
+    return Job.model_validate({"name": name, "priority": priority, "groups": [g]})
+
+
+@asynccontextmanager
+async def cluster(
+    client: Client,
+    *,
+    store: Store | None = None,
+    options: c.ClusterOptions | None = None,
+    name: str | None = None,
+    search_attributes: bool = False,
+) -> AsyncIterator[tuple[ForgeClient, Store]]:
+    """A worker on a fresh task queue, and a client bound to a fresh cluster."""
+    store = store or MemoryStore()
+    queue = f"tq-{uuid.uuid4().hex[:8]}"
+    cname = name or f"c{uuid.uuid4().hex[:8]}"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[ClusterWorkflow],
+            activities=StoreActivities(store).all(),
+            activity_executor=pool,
+            graceful_shutdown_timeout=timedelta(seconds=1),
+        ):
+            fc = ForgeClient(client, cluster=cname, task_queue=queue,
+                             options=options or test_options(),
+                             search_attributes=search_attributes)
+            yield fc, store

@@ -1,0 +1,113 @@
+"""The Forge worker: hosts the cluster workflow and its activities.
+
+    python worker.py        (settings from FORGE_* environment variables)
+
+Stops cleanly on SIGTERM or Ctrl-C: the worker finishes the activities in flight
+(up to a grace period) and the workflow carries on from history on the next
+worker to poll the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+import sys
+from datetime import timedelta
+
+import structlog
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from activities.store_activities import StoreActivities
+from forge.client import ensure_search_attributes
+from forge.codec import data_converter
+from forge.logs import configure
+from forge.settings import Settings, SettingsError
+from forge.stores import Store, open_store
+from workflows.cluster import ClusterWorkflow
+
+__all__ = ["build_worker", "main", "run_worker"]
+
+log = structlog.get_logger("forge.worker")
+
+
+def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
+    acts = StoreActivities(store)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[ClusterWorkflow],
+        activities=acts.all(),
+        activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=16),
+        max_concurrent_activities=16,
+        graceful_shutdown_timeout=timedelta(seconds=5),
+    )
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    runtime = None
+    if settings.metrics_port:
+        runtime = Runtime(
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(bind_address=f"0.0.0.0:{settings.metrics_port}")
+            )
+        )
+    client = await Client.connect(
+        settings.address,
+        namespace=settings.namespace,
+        data_converter=data_converter(),
+        tls=settings.tls_config(),
+        api_key=settings.api_key or None,
+        **({"runtime": runtime} if runtime else {}),
+    )
+    try:
+        created = await ensure_search_attributes(client, settings.namespace)
+        if created:
+            log.info("search attributes created", names=created)
+    except RPCError as err:
+        log.warning(
+            "cannot register search attributes; the Web UI will lack Forge's columns",
+            error=str(err),
+        )
+    store = open_store(settings.store_url)
+    stop = stop or asyncio.Event()
+    try:
+        async with build_worker(client, store, settings.task_queue):
+            log.info(
+                "worker running",
+                address=settings.address,
+                namespace=settings.namespace,
+                task_queue=settings.task_queue,
+                store=settings.store_url.split("@")[-1],
+                metrics_port=settings.metrics_port or None,
+            )
+            await stop.wait()
+            log.info("worker stopping")
+    finally:
+        store.close()
+
+
+def main() -> int:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as err:
+        print(f"forge worker: {err}", file=sys.stderr)
+        return 2
+    configure(settings.log_format)
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_worker(settings, stop)
+
+    asyncio.run(_main())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,751 @@
+"""ClusterWorkflow: one long-running workflow per cluster runs the reconcile loop.
+
+Deterministic orchestration only: every decision comes from ``forge``'s pure
+functions, every byte of I/O from an activity. A pass:
+
+1. take what arrived: node signals (queued in arrival order), the watch
+   activity's news (job revision moved, task reports, expired heartbeats);
+2. load job changes since the last revision (paged), task reports (batched) and,
+   for autoscaled groups that are due, metrics;
+3. plan with :func:`forge.reconcile.reconcile`;
+4. persist the plan's delta, fenced by (generation, pass), and check the digest
+   the store returns against our own: a replay that planned differently from the
+   original run (a determinism bug) stops here instead of diverging silently;
+5. wait on a condition whose timeout is the earliest deadline (backoff expiry,
+   autoscale tick, resync): no fixed ticker, so an idle cluster is quiet.
+
+State is restored in ``@workflow.init``. The large parts (nodes, jobs, bindings)
+live in the store, which every pass updates before a continue-as-new, so a new
+run reloads them in pages and the continue-as-new payload stays small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from forge import activity_contract as ac
+    from forge import contract as c
+    from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
+    from forge.models import AssignmentStatus, Job, Node, NodeState, workload_id
+    from forge.placement import Binding, Cluster, explain_node
+    from forge.reconcile import FailureHistory, PendingEntry, Plan, reconcile
+    from forge.stores.base import ApplyResult, JobPage, delta_digest
+
+__all__ = ["ClusterWorkflow"]
+
+STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,  # the store coming back is the only way forward
+    non_retryable_error_types=["StaleFence", "StoreError", "InvalidInput"],
+)
+STORE_TIMEOUT = timedelta(seconds=120)
+
+SA_CLUSTER = SearchAttributeKey.for_keyword(c.SA_CLUSTER)
+SA_PENDING = SearchAttributeKey.for_int(c.SA_PENDING)
+SA_BOUND = SearchAttributeKey.for_int(c.SA_BOUND)
+SA_NODES = SearchAttributeKey.for_int(c.SA_NODES)
+
+PENDING_SHOWN = 200  # pending replicas listed by the status query (the rest are counted)
+
+
+class DivergenceError(RuntimeError):
+    """The store applied a different delta than this code planned: the workflow
+    code changed without ``workflow.patched``. Failing the workflow task (not the
+    workflow) keeps the history intact until the code is fixed."""
+
+
+@workflow.defn(name=c.WORKFLOW_TYPE)
+class ClusterWorkflow:
+    @workflow.init
+    def __init__(self, inp: c.ClusterInput) -> None:
+        cp = inp.checkpoint
+        self.cluster = inp.cluster
+        self.opts = inp.options
+        self.runs = cp.runs + 1 if cp else 1
+        self.generation = cp.generation + 1 if cp else 1
+        self.pass_no = 0
+        self.passes = 0
+        self.nodes: dict[str, Node] = {}
+        self.jobs: dict[str, Job] = {}
+        self.jobs_revision = 0
+        self.known_revision = 0
+        self.planned_revision = 0
+        self.bindings: dict[str, Binding] = {}
+        self.pending: dict[str, PendingEntry] = dict(cp.pending) if cp else {}
+        self.failures: dict[str, FailureHistory] = dict(cp.failures) if cp else {}
+        self.autoscale: dict[str, AutoscaleState] = dict(cp.autoscale) if cp else {}
+        self.autoscale_evaluated: dict[str, float] = dict(cp.autoscale_evaluated) if cp else {}
+        self.reports_seq = cp.reports_seq if cp else 0
+        self.known_reports_seq = self.reports_seq
+        self.last_resync = cp.last_resync if cp else 0.0
+        self.ready = False
+        self.dirty = True
+        self.capacity_changed = cp is None
+        self.inbox: list[tuple[str, Any]] = []
+        self.failed: dict[str, None] = {}
+        self.watch: workflow.ActivityHandle[ac.WatchOut] | None = None
+        self.last_pass = "not yet run"
+        self.last_pass_at: float | None = None
+        self.search_attrs: tuple[int, int, int] | None = None
+        self._status_updates: dict[str, str] = {}
+
+    # -- the loop -----------------------------------------------------------------------
+    @workflow.run
+    async def run(self, inp: c.ClusterInput) -> None:
+        await self._bootstrap()
+        self.ready = True
+        while True:
+            if self.dirty or self.inbox or self._watch_done():
+                await self._pass()
+                continue
+            if self._continue_as_new_due() and workflow.all_handlers_finished():
+                await self._cancel_watch()
+                if not (self.dirty or self.inbox):
+                    workflow.continue_as_new(c.ClusterInput(
+                        cluster=self.cluster, options=self.opts, checkpoint=self._checkpoint()
+                    ))
+            self._ensure_watch()
+            now = workflow.now().timestamp()
+            wake, why = self._next_wake(now)
+            if wake is not None and wake <= now:
+                self.dirty = True
+                continue
+            try:
+                await workflow.wait_condition(
+                    lambda: self.dirty or bool(self.inbox) or self._watch_done(),
+                    timeout=None if wake is None else wake - now,
+                    timeout_summary=why,
+                )
+            except TimeoutError:
+                self.dirty = True
+
+    async def _bootstrap(self) -> None:
+        """Load the persisted state: the fence, nodes, bindings and jobs (paged)."""
+        fence = await self._act(ac.ACT_FENCE, ac.ClusterRef(cluster=self.cluster), list,
+                                summary="load fence")
+        stored_gen = fence[0] if fence else 0
+        self.generation = max(self.generation, stored_gen + 1)
+        self.pass_no = 0
+        nodes: dict[str, Node] = {}
+        after = ""
+        while True:
+            page: ac.NodesPage = await self._act(
+                ac.ACT_SNAPSHOT_NODES,
+                ac.PageIn(cluster=self.cluster, after=after, limit=self.opts.snapshot_page),
+                ac.NodesPage, summary="load nodes",
+            )
+            for n in page.nodes:
+                nodes[n.id] = n
+            if page.next_after is None:
+                break
+            after = page.next_after
+        bindings: dict[str, Binding] = {}
+        after = ""
+        while True:
+            rows: ac.AssignmentRows = await self._act(
+                ac.ACT_SNAPSHOT_ASSIGNMENTS,
+                ac.PageIn(cluster=self.cluster, after=after, limit=self.opts.snapshot_page),
+                ac.AssignmentRows, summary="load bindings",
+            )
+            for job, group, ordinal, node, gpu_ids, cpu, mem, status in rows.rows:
+                b = Binding(job, group, ordinal, node, tuple(gpu_ids), cpu, mem,
+                            AssignmentStatus(status))
+                bindings[workload_id(job, group, ordinal)] = b
+            if rows.next_after is None:
+                break
+            after = rows.next_after
+        self.nodes = nodes
+        self.bindings = bindings
+        self.jobs = {}
+        self.jobs_revision = 0
+        await self._load_jobs()
+        self.last_resync = workflow.now().timestamp()
+        self._details()
+
+    async def _pass(self) -> None:
+        self.dirty = False
+        now = workflow.now().timestamp()
+        nodes_upsert: dict[str, Node] = {}
+        nodes_remove: dict[str, None] = {}
+
+        if self._watch_done():
+            assert self.watch is not None
+            news = self.watch.result()
+            self.watch = None
+            self.known_revision = max(self.known_revision, news.jobs_revision)
+            self.known_reports_seq = max(self.known_reports_seq, news.reports_seq)
+            for node_id in news.expired:
+                self.inbox.append(("lost", node_id))
+
+        # node changes, in arrival order
+        inbox, self.inbox = self.inbox, []
+        for op, arg in inbox:
+            self._apply_node_op(op, arg, nodes_upsert, nodes_remove)
+
+        # jobs, reports, metrics
+        if now - self.last_resync >= self.opts.resync_seconds:
+            self.jobs = {}
+            self.jobs_revision = 0
+            self.last_resync = now
+        if self.known_revision > self.jobs_revision or not self.jobs_revision:
+            await self._load_jobs()
+        if self.known_reports_seq > self.reports_seq:
+            await self._load_reports()
+        await self._autoscale(now)
+
+        # plan
+        failed = [w for w in self.failed if w in self.bindings]
+        status_changed = [w for w, b in self._status_updates.items() if w in self.bindings]
+        with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
+            started = time.perf_counter()
+        plan = reconcile(
+            jobs=self.jobs,
+            nodes=self.nodes,
+            bindings=self.bindings,
+            pending=self.pending,
+            failures=self.failures,
+            failed=failed,
+            capacity_changed=self.capacity_changed,
+            now=now,
+            options=self.opts.reconcile,
+        )
+        with workflow.unsafe.sandbox_unrestricted():
+            elapsed = time.perf_counter() - started
+
+        # persist what changed
+        released = {w for w, _ in plan.released}
+        binds = list(plan.placed)
+        placed = {b.workload_id for b in plan.placed}
+        binds.extend(
+            plan.bindings[w]
+            for w in status_changed
+            if w in plan.bindings and w not in released and w not in placed
+        )
+        persist = ac.PersistIn(
+            cluster=self.cluster,
+            generation=self.generation,
+            pass_no=self.pass_no + 1,
+            bind=[_row(b) for b in binds],
+            release=sorted(released),
+            nodes_upsert=list(nodes_upsert.values()),
+            nodes_remove=list(nodes_remove),
+        )
+        if persist.bind or persist.release or persist.nodes_upsert or persist.nodes_remove:
+            self.pass_no += 1
+            if not await self._persist(persist, plan):
+                return  # state was reloaded from the store; plan again
+
+        # commit
+        self.bindings = plan.bindings
+        self.pending = plan.pending
+        self.failures = plan.failures
+        self.failed = {}
+        self._status_updates = {}
+        self.capacity_changed = False
+        self.planned_revision = self.jobs_revision
+        self.passes += 1
+        self.last_pass_at = now
+        self.last_pass = (
+            f"pass {self.passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
+            f"{len(plan.pending)} pending"
+        )
+        if plan.deferred:
+            self.dirty = True
+        self._record(plan, elapsed)
+        self._details()
+
+    async def _persist(self, persist: ac.PersistIn, plan: Plan) -> bool:
+        expected = delta_digest(ac.to_delta(persist, validate=False))
+        summary = (
+            f"persist pass {persist.pass_no}: +{len(plan.placed)} "
+            f"-{len(plan.released)} nodes {len(persist.nodes_upsert) + len(persist.nodes_remove)}"
+        )
+        try:
+            result: ApplyResult = await self._act(ac.ACT_PERSIST, persist, ApplyResult,
+                                                  summary=summary)
+        except ActivityError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == "StaleFence":
+                # Another run persisted a newer pass (a reset, a second starter):
+                # our view is stale. Reload from the store and plan again.
+                workflow.logger.warning("stale fence; reloading state from the store")
+                await self._bootstrap()
+                self.dirty = True
+                return False
+            raise
+        if result.digest != expected:
+            raise DivergenceError(
+                f"pass {persist.pass_no}: store applied digest {result.digest}, this code "
+                f"planned {expected}; workflow code changed without workflow.patched?"
+            )
+        return True
+
+    # -- inputs -------------------------------------------------------------------------
+    def _apply_node_op(
+        self, op: str, arg: Any, upsert: dict[str, Node], remove: dict[str, None]
+    ) -> None:
+        if op == "register":
+            node: Node = arg
+            old = self.nodes.get(node.id)
+            self.nodes[node.id] = node
+            remove.pop(node.id, None)
+            upsert[node.id] = node
+            if old is None or old != node:
+                self.capacity_changed = True
+            return
+        node_id: str = arg
+        existing = self.nodes.get(node_id)
+        if existing is None:
+            workflow.logger.info("ignoring %s for unknown node %s", op, node_id)
+            return
+        if op == "remove":
+            del self.nodes[node_id]
+            upsert.pop(node_id, None)
+            remove[node_id] = None
+            return
+        state = NodeState.LOST if op == "lost" else NodeState.DRAINING
+        if existing.state is state or existing.state is NodeState.LOST:
+            return
+        changed = existing.model_copy(update={"state": state})
+        self.nodes[node_id] = changed
+        upsert[node_id] = changed
+
+    async def _load_jobs(self) -> None:
+        while True:
+            page: JobPage = await self._act(
+                ac.ACT_JOB_CHANGES,
+                ac.JobChangesIn(cluster=self.cluster, since=self.jobs_revision,
+                                limit=self.opts.job_page),
+                JobPage, summary=f"load jobs since revision {self.jobs_revision}",
+            )
+            for ch in page.changes:
+                if ch.job is None:
+                    self.jobs.pop(ch.job_id, None)
+                else:
+                    self.jobs[ch.job_id] = ch.job
+            self.jobs_revision = max(self.jobs_revision, page.revision)
+            if not page.more:
+                break
+        self.known_revision = max(self.known_revision, self.jobs_revision)
+
+    async def _load_reports(self) -> None:
+        while self.known_reports_seq > self.reports_seq:
+            out: ac.ReportsOut = await self._act(
+                ac.ACT_READ_REPORTS,
+                ac.ReportsIn(cluster=self.cluster, seq=self.reports_seq,
+                             limit=self.opts.report_page),
+                ac.ReportsOut, summary=f"read task reports after {self.reports_seq}",
+            )
+            for wid, status in out.statuses:
+                b = self.bindings.get(wid)
+                if b is None:
+                    continue
+                if status in ("failed", "exited"):
+                    self.failed[wid] = None
+                elif status == "running" and b.status is AssignmentStatus.PENDING:
+                    b.status = AssignmentStatus.RUNNING
+                    self._status_updates = {**self._status_updates, wid: status}
+            if out.last_seq <= self.reports_seq:
+                break
+            self.reports_seq = out.last_seq
+
+    async def _autoscale(self, now: float) -> None:
+        due: list[tuple[Job, str]] = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.id):
+            for g in job.groups:
+                if g.autoscale is None:
+                    continue
+                key = f"{job.id}/{g.name}"
+                state = self.autoscale.get(key, AutoscaleState())
+                if next_due(g.autoscale, state, self.autoscale_evaluated.get(key), now) <= now:
+                    due.append((job, g.name))
+        if not due:
+            return
+        out: ac.MetricsOut = await self._act(
+            ac.ACT_METRICS,
+            ac.MetricsIn(cluster=self.cluster, groups=[f"{j.id}/{g}" for j, g in due]),
+            ac.MetricsOut, summary=f"metrics for {len(due)} groups",
+        )
+        for job, gname in due:
+            key = f"{job.id}/{gname}"
+            group = job.group(gname)
+            assert group is not None and group.autoscale is not None
+            usage = out.usage.get(key)
+            metrics = GroupMetrics(cpu=usage[0], memory=usage[1]) if usage else None
+            state = self.autoscale.get(key, AutoscaleState())
+            d = decide(group.autoscale, group.scaling, metrics, state, now)
+            self.autoscale[key] = d.state
+            self.autoscale_evaluated[key] = now
+            if d.changed:
+                workflow.logger.info("autoscale %s: %s", key, d.reason)
+                new_job = self.jobs[job.id].with_desired(gname, d.desired)
+                await self._act(ac.ACT_PUT_JOB, ac.PutJobIn(cluster=self.cluster, job=new_job),
+                                int, summary=f"autoscale {key}: {d.reason}")
+                self.jobs[job.id] = new_job
+
+    # -- watch --------------------------------------------------------------------------
+    def _watch_done(self) -> bool:
+        return self.watch is not None and self.watch.done()
+
+    def _ensure_watch(self) -> None:
+        if self.watch is not None or not self.opts.watch:
+            return
+        self.watch = workflow.start_activity(
+            ac.ACT_WATCH,
+            ac.WatchIn(
+                cluster=self.cluster,
+                jobs_revision=max(self.jobs_revision, self.known_revision),
+                reports_seq=max(self.reports_seq, self.known_reports_seq),
+                heartbeat_ttl=self.opts.heartbeat_ttl,
+                max_seconds=self.opts.watch_seconds,
+                poll=self.opts.watch_poll,
+            ),
+            result_type=ac.WatchOut,
+            start_to_close_timeout=timedelta(seconds=self.opts.watch_seconds + 60),
+            heartbeat_timeout=timedelta(seconds=max(5.0, self.opts.watch_poll * 10)),
+            retry_policy=STORE_RETRY,
+            cancellation_type=workflow.ActivityCancellationType.ABANDON,
+            summary="watch store: jobs, task reports, heartbeats",
+        )
+
+    async def _cancel_watch(self) -> None:
+        if self.watch is not None and not self.watch.done():
+            self.watch.cancel()
+            try:
+                await self.watch
+            except (ActivityError, asyncio.CancelledError):
+                pass
+        self.watch = None
+
+    # -- continue-as-new ---------------------------------------------------------------
+    def _continue_as_new_due(self) -> bool:
+        info = workflow.info()
+        if info.is_continue_as_new_suggested():
+            return True
+        if info.get_current_history_length() >= self.opts.max_history_events:
+            return True
+        if info.get_current_history_size() >= self.opts.max_history_bytes:
+            return True
+        limit = self.opts.max_passes_per_run
+        return bool(limit and self.passes >= limit)
+
+    def _checkpoint(self) -> c.Checkpoint:
+        pending = self.pending
+        backoff = [w for w, e in pending.items() if e.kind == "backoff"]
+        if len(backoff) > self.opts.carry_backoff_limit:
+            # Too many to carry: they are retried at once by the next run instead.
+            pending = {w: e for w, e in pending.items() if e.kind != "backoff"}
+        return c.Checkpoint(
+            generation=self.generation,
+            pending=pending,
+            failures=self.failures,
+            autoscale=self.autoscale,
+            autoscale_evaluated=self.autoscale_evaluated,
+            reports_seq=self.reports_seq,
+            last_resync=self.last_resync,
+            runs=self.runs,
+        )
+
+    def _next_wake(self, now: float) -> tuple[float | None, str]:
+        wake: float | None = None
+        why = ""
+        for e in self.pending.values():
+            if e.kind != "deferred" and e.not_before > now and (wake is None or e.not_before < wake):
+                wake, why = e.not_before, f"{e.kind} expiry"
+        for job in self.jobs.values():
+            for g in job.groups:
+                if g.autoscale is None:
+                    continue
+                key = f"{job.id}/{g.name}"
+                t = next_due(g.autoscale, self.autoscale.get(key, AutoscaleState()),
+                             self.autoscale_evaluated.get(key), now)
+                if wake is None or t < wake:
+                    wake, why = t, "autoscale tick"
+        resync = self.last_resync + self.opts.resync_seconds
+        if wake is None or resync < wake:
+            wake, why = resync, "job resync"
+        return wake, why
+
+    # -- signals ------------------------------------------------------------------------
+    @workflow.signal(name=c.SIGNAL_REGISTER_NODE)
+    def register_node(self, req: c.RegisterNodes) -> None:
+        for node in req.nodes:
+            self.inbox.append(("register", node))
+
+    @workflow.signal(name=c.SIGNAL_REMOVE_NODE)
+    def remove_node(self, req: c.NodeRef) -> None:
+        self.inbox.append(("remove", req.node_id))
+
+    @workflow.signal(name=c.SIGNAL_NODE_LOST)
+    def node_lost(self, req: c.NodeRef) -> None:
+        self.inbox.append(("lost", req.node_id))
+
+    # -- updates ------------------------------------------------------------------------
+    @workflow.update(name=c.UPDATE_SUBMIT_JOB)
+    async def submit_job(self, req: c.SubmitJob) -> c.JobResult:
+        await workflow.wait_condition(lambda: self.ready)
+        rev: int = await self._act(ac.ACT_PUT_JOB, ac.PutJobIn(cluster=self.cluster, job=req.job),
+                                   int, summary=f"store job {req.job.id}")
+        return await self._settle(req.job.id, rev, wait=req.wait)
+
+    @submit_job.validator
+    def _validate_submit(self, req: c.SubmitJob) -> None:
+        # the payload already passed the models' validation; nothing else to check
+        # that the store would not accept, so jobs can be submitted before nodes exist
+        if not req.job.groups:
+            raise ValueError("job has no groups")
+
+    @workflow.update(name=c.UPDATE_SCALE)
+    async def scale(self, req: c.ScaleGroup) -> c.JobResult:
+        await workflow.wait_condition(lambda: self.ready)
+        job = self.jobs.get(req.job_id)
+        if job is None or job.group(req.group) is None:
+            raise ApplicationError(f"no group {req.job_id}/{req.group}", type="InvalidInput")
+        new = job.with_desired(req.group, req.count)
+        rev: int = await self._act(ac.ACT_PUT_JOB, ac.PutJobIn(cluster=self.cluster, job=new),
+                                   int, summary=f"scale {req.job_id}/{req.group} to {req.count}")
+        return await self._settle(req.job_id, rev, wait=True)
+
+    @scale.validator
+    def _validate_scale(self, req: c.ScaleGroup) -> None:
+        if not self.ready:
+            return  # checked again by the handler once the state is loaded
+        job = self.jobs.get(req.job_id)
+        if job is None:
+            raise ValueError(f"unknown job {req.job_id!r}")
+        if job.group(req.group) is None:
+            raise ValueError(f"job {req.job_id!r} has no group {req.group!r}")
+
+    @workflow.update(name=c.UPDATE_STOP_JOB)
+    async def stop_job(self, req: c.StopJob) -> c.JobResult:
+        await workflow.wait_condition(lambda: self.ready)
+        rev: int | None = await self._act(
+            ac.ACT_DELETE_JOB, ac.DeleteJobIn(cluster=self.cluster, job_id=req.job_id),
+            int | None, summary=f"stop job {req.job_id}",
+        )
+        if rev is None:
+            raise ApplicationError(f"unknown job {req.job_id!r}", type="InvalidInput")
+        return await self._settle(req.job_id, rev, wait=True)
+
+    @stop_job.validator
+    def _validate_stop(self, req: c.StopJob) -> None:
+        if self.ready and req.job_id not in self.jobs:
+            raise ValueError(f"unknown job {req.job_id!r}")
+
+    @workflow.update(name=c.UPDATE_DRAIN_NODE)
+    async def drain_node(self, req: c.DrainNode) -> int:
+        await workflow.wait_condition(lambda: self.ready)
+        moving = sum(1 for b in self.bindings.values() if b.node == req.node_id)
+        self.inbox.append(("drain", req.node_id))
+        target = self.passes + 1
+        await workflow.wait_condition(lambda: self.passes >= target)
+        return moving
+
+    @drain_node.validator
+    def _validate_drain(self, req: c.DrainNode) -> None:
+        if not self.ready:
+            return
+        node = self.nodes.get(req.node_id)
+        if node is None:
+            raise ValueError(f"unknown node {req.node_id!r}")
+        if node.state is NodeState.LOST:
+            raise ValueError(f"node {req.node_id!r} is lost; nothing to drain")
+
+    @workflow.update(name=c.UPDATE_REPORT_FAILED)
+    async def report_failed(self, req: c.ReportFailed) -> c.ReportFailedResult:
+        await workflow.wait_condition(lambda: self.ready)
+        accepted = 0
+        for wid in req.workload_ids:
+            if wid in self.bindings:
+                self.failed[wid] = None
+                accepted += 1
+        self.dirty = True
+        target = self.passes + 1
+        await workflow.wait_condition(lambda: self.passes >= target)
+        return c.ReportFailedResult(accepted=accepted)
+
+    @report_failed.validator
+    def _validate_report(self, req: c.ReportFailed) -> None:
+        if not self.ready:
+            return
+        unknown = [w for w in req.workload_ids if w not in self.bindings]
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise ValueError(f"not bound: {shown}")
+
+    async def _settle(self, job_id: str, revision: int, *, wait: bool) -> c.JobResult:
+        self.known_revision = max(self.known_revision, revision)
+        self.dirty = True
+        if wait:
+            await workflow.wait_condition(lambda: self.planned_revision >= revision)
+        job = self.jobs.get(job_id)
+        desired = bound = 0
+        if job is not None:
+            for g in job.groups:
+                for i in range(g.scaling.desired):
+                    desired += 1
+                    bound += workload_id(job.id, g.name, i) in self.bindings
+        return c.JobResult(job_id=job_id, revision=revision, desired=desired, bound=bound,
+                           pending=desired - bound)
+
+    # -- queries ------------------------------------------------------------------------
+    @workflow.query(name=c.QUERY_STATUS)
+    def status(self) -> c.StatusView:
+        cluster = self._allocations()
+        nodes = [
+            c.NodeView(
+                id=a.id,
+                state=str(a.node.state),
+                cpu=c.ResourceView(capacity=a.node.cpu, allocated=a.cpu_used),
+                memory=c.ResourceView(capacity=a.node.memory, allocated=a.mem_used),
+                gpus=c.GpuView(total=len(a.node.gpus), allocated=a.gpus_used),
+                replicas=per_node,
+            )
+            for a, per_node in ((a, self._count_on(a.id)) for a in cluster.nodes)
+        ]
+        pending = [
+            c.PendingView(workload_id=w, reasons=list(e.reasons), kind=e.kind,
+                          attempts=e.attempts, not_before=e.not_before)
+            for w, e in sorted(self.pending.items())[:PENDING_SHOWN]
+        ]
+        return c.StatusView(
+            summary=self._summary(),
+            nodes=nodes,
+            pending=pending,
+            pending_truncated=max(0, len(self.pending) - PENDING_SHOWN),
+        )
+
+    @workflow.query(name=c.QUERY_ASSIGNMENTS)
+    def assignments(self, q: c.AssignmentsQuery) -> c.AssignmentsPage:
+        ids = sorted(w for w, b in self.bindings.items()
+                     if w > q.after and (q.node is None or b.node == q.node))
+        page = ids[: q.limit]
+        items = [
+            c.AssignmentView(workload_id=w, node=self.bindings[w].node,
+                             gpu_ids=list(self.bindings[w].gpu_ids),
+                             status=str(self.bindings[w].status))
+            for w in page
+        ]
+        nxt = page[-1] if len(ids) > q.limit else None
+        return c.AssignmentsPage(items=items, next_after=nxt)
+
+    @workflow.query(name=c.QUERY_EXPLAIN)
+    def explain(self, wid: str) -> c.Explanation:
+        b = self.bindings.get(wid)
+        if b is not None:
+            return c.Explanation(workload_id=wid, state="bound", node=b.node,
+                                 gpu_ids=list(b.gpu_ids),
+                                 reasons=[f"bound to {b.node} ({b.status})"])
+        e = self.pending.get(wid)
+        if e is None:
+            return c.Explanation(workload_id=wid, state="unknown",
+                                 reasons=["not a desired replica of any job"])
+        verdicts: list[str] = []
+        parts = wid.rsplit("/", 2)
+        job = self.jobs.get(parts[0]) if len(parts) == 3 else None
+        group = job.group(parts[1]) if job else None
+        if group is not None:
+            req = group.request()
+            for a in self._allocations().nodes[:20]:
+                verdict = explain_node(a, req, group.constraints) or "fits now"
+                verdicts.append(f"{a.id}: {verdict}")
+        reasons = list(e.reasons)
+        if e.kind in ("backoff", "reschedule", "exhausted"):
+            reasons.append(f"{e.kind}: attempt {e.attempts}, next try at {e.not_before:.0f}")
+        return c.Explanation(workload_id=wid, state="pending", reasons=reasons, nodes=verdicts)
+
+    # -- presentation -------------------------------------------------------------------
+    def _allocations(self) -> Cluster:
+        cluster = Cluster(list(self.nodes.values()))
+        for b in self.bindings.values():
+            a = cluster.by_id.get(b.node)
+            if a is not None:
+                a.hold(b)
+        return cluster
+
+    def _count_on(self, node_id: str) -> int:
+        return sum(1 for b in self.bindings.values() if b.node == node_id)
+
+    def _summary(self) -> c.Summary:
+        desired = sum(g.scaling.desired for j in self.jobs.values() for g in j.groups)
+        return c.Summary(
+            desired=desired, bound=len(self.bindings), pending=len(self.pending),
+            nodes=len(self.nodes), jobs=len(self.jobs), passes=self.passes,
+            generation=self.generation, last_pass_at=self.last_pass_at,
+            last_pass=self.last_pass,
+        )
+
+    def _details(self) -> None:
+        states = Counter(str(n.state) for n in self.nodes.values())
+        reasons = Counter(r for e in self.pending.values() for r in e.reasons[:1])
+        lines = [
+            f"**Forge cluster `{self.cluster}`** (run {self.runs}, generation {self.generation})",
+            "",
+            f"- nodes: {len(self.nodes)} ("
+            + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ")",
+            f"- jobs: {len(self.jobs)}, replicas bound: {len(self.bindings)}, "
+            f"pending: {len(self.pending)}",
+            f"- last pass: {self.last_pass}",
+        ]
+        if reasons:
+            lines.append("- pending because:")
+            lines.extend(f"  - {n} x {r}" for r, n in reasons.most_common(5))
+        workflow.set_current_details("\n".join(lines))
+        self._search_attributes()
+
+    def _search_attributes(self) -> None:
+        if SA_CLUSTER not in workflow.info().typed_search_attributes:
+            return  # the server has no Forge attributes registered; see worker start-up
+        values = (len(self.pending), len(self.bindings), len(self.nodes))
+        if values == self.search_attrs:
+            return
+        self.search_attrs = values
+        workflow.upsert_search_attributes([
+            SA_PENDING.value_set(values[0]),
+            SA_BOUND.value_set(values[1]),
+            SA_NODES.value_set(values[2]),
+        ])
+
+    def _record(self, plan: Plan, elapsed: float) -> None:
+        meter = workflow.metric_meter().with_additional_attributes({"cluster": self.cluster})
+        meter.create_gauge("forge_replicas_desired", "desired replicas").set(plan.desired)
+        meter.create_gauge("forge_replicas_bound", "bound replicas").set(len(plan.bindings))
+        meter.create_gauge("forge_replicas_pending", "pending replicas").set(len(plan.pending))
+        backoff = sum(1 for e in plan.pending.values() if e.kind == "backoff")
+        meter.create_gauge("forge_replicas_backoff", "replicas in backoff").set(backoff)
+        states = Counter(str(n.state) for n in self.nodes.values())
+        gauge = meter.create_gauge("forge_nodes", "nodes by state")
+        for s in ("ready", "draining", "lost"):
+            gauge.set(states.get(s, 0), {"state": s})
+        meter.create_counter("forge_placements_total", "replicas placed").add(len(plan.placed))
+        meter.create_counter("forge_releases_total", "replicas released").add(len(plan.released))
+        meter.create_counter("forge_passes_total", "reconcile passes").add(1)
+        meter.create_histogram_float(
+            "forge_pass_seconds", "time to plan one pass", "s"
+        ).record(elapsed)
+
+    # -- activity helper ----------------------------------------------------------------
+    async def _act(self, name: str, arg: Any, result_type: Any, *, summary: str) -> Any:
+        return await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=summary[:200],
+        )
+
+
+def _row(b: Binding) -> ac.BindRow:
+    return (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, str(b.status))

@@ -109,7 +109,7 @@ class ClusterWorkflow:
             if self.dirty or self.inbox or self._watch_done():
                 await self._pass()
                 continue
-            if self._continue_as_new_due() and workflow.all_handlers_finished():
+            if self._continue_as_new_now():
                 await self._cancel_watch()
                 if not (self.dirty or self.inbox):
                     workflow.continue_as_new(c.ClusterInput(
@@ -123,7 +123,10 @@ class ClusterWorkflow:
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: self.dirty or bool(self.inbox) or self._watch_done(),
+                    lambda: self.dirty
+                    or bool(self.inbox)
+                    or self._watch_done()
+                    or self._continue_as_new_now(),
                     timeout=None if wake is None else wake - now,
                     timeout_summary=why,
                 )
@@ -429,6 +432,10 @@ class ClusterWorkflow:
         self.watch = None
 
     # -- continue-as-new ---------------------------------------------------------------
+    def _continue_as_new_now(self) -> bool:
+        # Handlers first: an update waiting for a pass must see it before we go.
+        return self._continue_as_new_due() and workflow.all_handlers_finished()
+
     def _continue_as_new_due(self) -> bool:
         info = workflow.info()
         if info.is_continue_as_new_suggested():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,10 +20,10 @@ from forge.reconcile import ReconcileOptions
 from forge.stores import MemoryStore, Store
 from workflows.cluster import ClusterWorkflow
 
-__all__ = ["cluster", "job", "node", "test_options"]
+__all__ = ["cluster", "job", "node", "default_options"]
 
 
-def test_options(**kw: object) -> c.ClusterOptions:
+def default_options(**kw: object) -> c.ClusterOptions:
     base: dict[str, object] = {"watch": False, "reconcile": ReconcileOptions()}
     base.update(kw)
     return c.ClusterOptions.model_validate(base)
@@ -70,6 +71,12 @@ async def cluster(
             graceful_shutdown_timeout=timedelta(seconds=1),
         ):
             fc = ForgeClient(client, cluster=cname, task_queue=queue,
-                             options=options or test_options(),
+                             options=options or default_options(),
                              search_attributes=search_attributes)
-            yield fc, store
+            try:
+                yield fc, store
+            finally:
+                # an orphaned workflow (no worker any more) would hold the
+                # time-skipping server's clock for the tests that follow
+                with contextlib.suppress(Exception):
+                    await fc.handle().terminate("test finished")

@@ -1,0 +1,181 @@
+"""Timer-driven behaviour on the time-skipping test server: backoff, autoscaling,
+continue-as-new, and validators that keep bad input out of history."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from forge.client import ForgeError
+from forge.reconcile import ReconcileOptions
+from forge.stores import TaskReport
+from tests.workflow.harness import cluster, job, node, default_options
+
+
+async def _pending(fc, wid):
+    status = await fc.status()
+    return next((p for p in status.pending if p.workload_id == wid), None)
+
+
+async def test_backoff_timers_fire_doubling_then_place_when_capacity_appears(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    opts = default_options(reconcile=ReconcileOptions(backoff_base=1.0, backoff_cap=16.0))
+    async with cluster(skipping_env.client, options=opts) as (fc, _):
+        await fc.register_nodes([node("small", cpu=1000, memory=1024)])
+        res = await fc.submit_job(job("big", replicas=1, cpu=4000))
+        assert res.pending == 1
+        p = await _pending(fc, "big/main/0")
+        assert p is not None and p.attempts == 1 and p.kind == "backoff"
+        assert "insufficient cpu" in p.reasons[0]
+        # each timer fires and the replica is retried: attempts grow, delays double
+        seen = [(p.attempts, p.not_before)]
+        for _ in range(6):
+            await skipping_env.sleep(16.5)
+            p = await _pending(fc, "big/main/0")
+            assert p is not None
+            seen.append((p.attempts, p.not_before))
+        attempts = [a for a, _ in seen]
+        assert attempts == sorted(attempts) and attempts[-1] > attempts[0]
+        # a node joins: the replica is placed at once, without waiting out its backoff
+        await fc.register_nodes([node("big-node", cpu=8000)])
+        await _eventually(fc, lambda s: s.summary.bound == 1 and s.summary.pending == 0)
+
+
+async def test_backoff_delays_double_up_to_the_cap(skipping_env: WorkflowEnvironment) -> None:
+    opts = default_options(reconcile=ReconcileOptions(backoff_base=1.0, backoff_cap=300.0))
+    async with cluster(skipping_env.client, options=opts) as (fc, _):
+        await fc.register_nodes([node("small", cpu=1000, memory=1024)])
+        await fc.submit_job(job("big", replicas=1, cpu=4000))
+        delays = []
+        p = await _pending(fc, "big/main/0")
+        assert p is not None
+        last_attempt = p.attempts
+        prev_nb = p.not_before
+        for _ in range(11):
+            await skipping_env.sleep(prev_nb - await _now(fc) + 0.5)
+            p = await _pending(fc, "big/main/0")
+            assert p is not None
+            assert p.attempts == last_attempt + 1, "the backoff timer did not fire"
+            delays.append(round(p.not_before - prev_nb))
+            last_attempt, prev_nb = p.attempts, p.not_before
+        # the delay after attempt n is 2**(n-1) s: 2, 4, ... then capped at 300
+        assert delays[:7] == [2, 4, 8, 16, 32, 64, 128]
+        assert delays[7:] == [256, 300, 300, 300]
+
+
+async def _now(fc) -> float:
+    # the workflow's clock: the time of its last pass
+    status = await fc.status()
+    assert status.summary.last_pass_at is not None
+    return status.summary.last_pass_at
+
+
+async def _eventually(fc, pred, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await fc.status()
+        if pred(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached; last status {status.summary}")
+        await asyncio.sleep(0.05)  # poll interval, not synchronisation
+
+
+async def test_autoscale_scales_up_then_respects_cooldown(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    async with cluster(skipping_env.client) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=16000, memory=65536)])
+        j = job("api", replicas=1, autoscale={"policy": "threshold", "interval": 60,
+                                              "cooldown": 300, "step": 1})
+        await fc.submit_job(j)
+
+        def hot() -> None:
+            store.report(fc.cluster, [
+                TaskReport(workload_id=f"api/main/{i}", status="running", cpu=0.95,
+                           memory=0.2, at=time.time())
+                for i in range(4)
+            ])
+
+        hot()
+        await skipping_env.sleep(61)
+        s = await fc.status()
+        assert s.summary.desired == 2, s.summary
+        # within the cooldown: no further scale even though it is still hot
+        hot()
+        await skipping_env.sleep(120)
+        assert (await fc.status()).summary.desired == 2
+        # after the cooldown: scales again
+        hot()
+        await skipping_env.sleep(200)
+        assert (await fc.status()).summary.desired == 3
+
+
+async def test_continue_as_new_keeps_state_and_loses_no_signal(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    async with cluster(skipping_env.client, options=default_options(max_passes_per_run=2)) as (
+        fc,
+        store,
+    ):
+        first = await fc.start()
+        for i in range(30):
+            await fc.register_nodes([node(f"n{i:02d}")])
+        await fc.submit_job(job("web", replicas=40))
+        for i in range(30, 40):
+            await fc.register_nodes([node(f"n{i:02d}")])
+        await fc.submit_job(job("batch", replicas=20, cpu=500))
+        s = await _eventually(fc, lambda s: s.summary.nodes == 40 and s.summary.pending == 0)
+        assert s.summary.bound == 60
+        desc = await fc.handle().describe()
+        assert desc.run_id != first, "no continue-as-new happened"
+        assert s.summary.generation > 1
+        # the store holds exactly the workflow's bindings and nodes
+        stored = {a.workload_id: a.node for a in store.assignments(fc.cluster)}
+        shown = {a.workload_id: a.node for a in await fc.assignments()}
+        assert stored == shown and len(stored) == 60
+        assert len(store.nodes(fc.cluster)) == 40
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda fc: fc.scale("nope", "main", 3), "unknown job"),
+        (lambda fc: fc.scale("web", "nope", 3), "no group"),
+        (lambda fc: fc.stop_job("nope"), "unknown job"),
+        (lambda fc: fc.drain_node("ghost"), "unknown node"),
+        (lambda fc: fc.report_failed(["web/main/99"]), "not bound"),
+    ],
+)
+async def test_validators_reject_bad_input_with_nothing_in_history(
+    skipping_env: WorkflowEnvironment, call, message
+) -> None:
+    async with cluster(skipping_env.client) as (fc, _):
+        await fc.register_nodes([node("n1")])
+        await fc.submit_job(job("web", replicas=1))
+        before = await _history_events(fc)
+        with pytest.raises(ForgeError, match=message) as err:
+            await call(fc)
+        assert err.value.bad_input
+        after = await _history_events(fc)
+        assert after == before, "a rejected update must not reach history"
+        assert (await fc.handle().describe()).status is not None
+        assert (await fc.status()).summary.bound == 1
+
+
+async def _history_events(fc) -> list[int]:
+    hist = await fc.handle().fetch_history()
+    return [
+        e.event_type
+        for e in hist.events
+        if e.event_type
+        in (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
+        )
+    ]

@@ -44,6 +44,9 @@ def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
         activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=16),
         max_concurrent_activities=16,
         graceful_shutdown_timeout=timedelta(seconds=5),
+        # after a crash, the workflow's next task leaves this worker's sticky queue
+        # for the shared one after this long (the default is 10 s)
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
     )
 
 

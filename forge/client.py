@@ -53,7 +53,7 @@ _SA_TYPES = {
     "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
 }
 
-WORKFLOW_TASK_TIMEOUT = timedelta(seconds=60)
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
 
 
 class ForgeError(Exception):

@@ -49,7 +49,10 @@ STORE_RETRY = RetryPolicy(
     maximum_attempts=0,  # the store coming back is the only way forward
     non_retryable_error_types=["StaleFence", "StoreError", "InvalidInput"],
 )
-STORE_TIMEOUT = timedelta(seconds=120)
+STORE_TIMEOUT = timedelta(seconds=60)
+# A worker killed mid-activity is noticed after this long (not after the whole
+# start-to-close timeout), which is what bounds crash recovery.
+STORE_HEARTBEAT = timedelta(seconds=4)
 
 SA_CLUSTER = SearchAttributeKey.for_keyword(c.SA_CLUSTER)
 SA_PENDING = SearchAttributeKey.for_int(c.SA_PENDING)
@@ -99,6 +102,9 @@ class ClusterWorkflow:
         self.last_pass_at: float | None = None
         self.search_attrs: tuple[int, int, int] | None = None
         self._status_updates: dict[str, str] = {}
+        # Replicas examined by this run's passes: a worker that takes the workflow
+        # over replays every pass, so the run ends before replay gets slow.
+        self.replay_cost = 0
 
     # -- the loop -----------------------------------------------------------------------
     @workflow.run
@@ -258,6 +264,7 @@ class ClusterWorkflow:
         self.capacity_changed = False
         self.planned_revision = self.jobs_revision
         self.passes += 1
+        self.replay_cost += plan.desired + len(plan.released)
         self.last_pass_at = now
         self.last_pass = (
             f"pass {self.passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
@@ -443,6 +450,8 @@ class ClusterWorkflow:
         if info.get_current_history_length() >= self.opts.max_history_events:
             return True
         if info.get_current_history_size() >= self.opts.max_history_bytes:
+            return True
+        if self.replay_cost >= self.opts.max_replay_cost:
             return True
         limit = self.opts.max_passes_per_run
         return bool(limit and self.passes >= limit)
@@ -749,6 +758,7 @@ class ClusterWorkflow:
             arg,
             result_type=result_type,
             start_to_close_timeout=STORE_TIMEOUT,
+            heartbeat_timeout=STORE_HEARTBEAT,
             retry_policy=STORE_RETRY,
             summary=summary[:200],
         )

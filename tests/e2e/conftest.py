@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.common import SearchAttributeKey
+from temporalio.testing import WorkflowEnvironment
+
+from forge import contract as c
+from forge.codec import data_converter
+from tests.e2e.procs import WorkerProc
+
+
+@pytest_asyncio.fixture(scope="session")
+async def dev_env(temporal_cli: str) -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli,
+        data_converter=data_converter(),
+        search_attributes=[
+            SearchAttributeKey.for_keyword(c.SA_CLUSTER),
+            SearchAttributeKey.for_int(c.SA_PENDING),
+            SearchAttributeKey.for_int(c.SA_BOUND),
+            SearchAttributeKey.for_int(c.SA_NODES),
+        ],
+        dev_server_log_level="error",
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture
+def spawn_worker(dev_env: WorkflowEnvironment, tmp_path: Path, request: pytest.FixtureRequest):
+    """Start `python worker.py` processes on a task queue of this test; all are
+    stopped at the end, and their logs are printed when the test failed."""
+    procs: list[WorkerProc] = []
+    queue = f"e2e-{uuid.uuid4().hex[:8]}"
+    address = dev_env.client.service_client.config.target_host
+
+    def spawn(store: str, **env: str) -> WorkerProc:
+        w = WorkerProc(address, queue, store, tmp_path / f"worker{len(procs)}.log", **env)
+        procs.append(w)
+        return w
+
+    spawn.task_queue = queue  # type: ignore[attr-defined]
+    yield spawn
+    for w in procs:
+        w.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for i, w in enumerate(procs):
+            print(f"--- worker {i} log ---\n{w.output()}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep

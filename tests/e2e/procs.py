@@ -1,0 +1,78 @@
+"""Real processes for end-to-end tests: `python worker.py` subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+class WorkerProc:
+    """One `worker.py` process; its log goes to a file the test can show on failure."""
+
+    def __init__(self, address: str, task_queue: str, store: str, log: Path, **env: str) -> None:
+        self.log_path = log
+        full = {
+            **os.environ,
+            "FORGE_TEMPORAL_ADDRESS": address,
+            "FORGE_TASK_QUEUE": task_queue,
+            "FORGE_STORE": store,
+            "FORGE_LOG_FORMAT": "json",
+            **env,
+        }
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "worker.py")],
+            cwd=ROOT,
+            env=full,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    pred: Callable[[T], bool],
+    *,
+    timeout: float = 60.0,
+    what: str = "condition",
+) -> T:
+    """Poll ``probe`` until ``pred`` holds; fail with the last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        try:
+            last = await probe()
+            if pred(last):
+                return last
+        except Exception as err:  # the workflow may be between workers
+            last = err  # type: ignore[assignment]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what} not reached in {timeout}s; last: {last!r}"[:2000])

@@ -13,7 +13,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings", "SettingsError"]
+__all__ = ["ENV_VARS", "Settings", "SettingsError"]
+
+#: Every variable Forge reads (the README's settings table lists the same).
+ENV_VARS = (
+    "FORGE_TEMPORAL_ADDRESS",
+    "FORGE_NAMESPACE",
+    "FORGE_TASK_QUEUE",
+    "FORGE_CLUSTER",
+    "FORGE_DATA_DIR",
+    "FORGE_STORE",
+    "FORGE_METRICS_PORT",
+    "FORGE_LOG_FORMAT",
+    "FORGE_TEMPORAL_TLS",
+    "FORGE_TEMPORAL_TLS_CERT",
+    "FORGE_TEMPORAL_TLS_KEY",
+    "FORGE_TEMPORAL_TLS_CA",
+    "FORGE_TEMPORAL_TLS_SERVER_NAME",
+    "FORGE_TEMPORAL_API_KEY",
+)
 
 
 class SettingsError(ValueError):

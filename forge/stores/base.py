@@ -73,7 +73,12 @@ class JobPage(_Wire):
 
 
 class Delta(_Wire):
-    """What one pass changed. ``bind`` upserts (new bindings and status changes)."""
+    """What one pass changed. ``bind`` upserts (new bindings and status changes).
+
+    Stores apply the parts in this order: ``release``, ``bind``, ``nodes_remove``,
+    ``nodes_upsert`` -- so releasing and binding one replica in the same delta moves
+    it, and a node both removed and upserted ends up registered.
+    """
 
     bind: list[Assignment] = Field(default_factory=list)
     release: list[str] = Field(default_factory=list)
@@ -234,7 +239,11 @@ class Store(Protocol):
 
     def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
         """Mean (cpu, memory) utilisation per ``job/group`` over each replica's
-        latest report at or after ``since``; groups with no report are absent."""
+        latest report at or after ``since``; groups with no report are absent.
+
+        Only reports carrying a cpu or memory value count (see ``mean_usage``), and
+        a replica released by ``apply_delta`` stops counting: its usage must not
+        keep a group from scaling down once it is gone."""
         ...
 
     def close(self) -> None: ...

@@ -61,3 +61,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = yield
     setattr(item, f"rep_{rep.when}", rep)
     return rep
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL store URL on a schema of this test (dropped afterwards). The
+    server must be up: `make test` starts it; this fails rather than skips."""
+    import os
+
+    import psycopg
+    from psycopg import sql
+
+    base = os.environ.get("FORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        admin = psycopg.connect(base, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as err:
+        pytest.fail(f"PostgreSQL at {base} is unreachable: {err}", pytrace=False)
+    schema = f"forge_e2e_{uuid.uuid4().hex[:10]}"
+    yield f"{base}?schema={schema}"
+    with admin:
+        admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -1,0 +1,78 @@
+"""Where Forge keeps jobs, bindings, heartbeats and task reports.
+
+``open_store(url)`` turns a ``FORGE_STORE`` setting into a ``Store``:
+
+- ``memory://`` — in-process, for tests (a fresh, empty store on every call);
+- ``sqlite:///abs/path.db`` or ``sqlite:relative.db`` — the default, one file;
+- ``postgresql://...`` or ``postgres://...`` — optionally ``?schema=NAME``.
+
+The PostgreSQL store is imported only when asked for, so SQLite users never load
+psycopg.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from forge.stores.base import (
+    ApplyResult,
+    Delta,
+    Fence,
+    JobChange,
+    JobPage,
+    StaleFenceError,
+    Store,
+    StoreError,
+    TaskReport,
+    delta_digest,
+)
+from forge.stores.memory import MemoryStore
+from forge.stores.migrations import migrate_url
+from forge.stores.sqlite import SqliteStore, sqlite_path
+
+__all__ = [
+    "ApplyResult",
+    "Delta",
+    "Fence",
+    "JobChange",
+    "JobPage",
+    "MemoryStore",
+    "SqliteStore",
+    "StaleFenceError",
+    "Store",
+    "StoreError",
+    "TaskReport",
+    "delta_digest",
+    "migrate_url",
+    "open_store",
+    "store_kind",
+]
+
+StoreKind = Literal["memory", "sqlite", "postgres"]
+
+
+def store_kind(url: str) -> StoreKind:
+    """Which backend a ``FORGE_STORE`` URL names; ``ValueError`` if none."""
+    scheme = url.partition(":")[0].lower() if ":" in url else ""
+    if scheme == "memory":
+        return "memory"
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return "postgres"
+    raise ValueError(
+        f"FORGE_STORE={url!r} is not a store URL: use memory://, sqlite:///abs/path.db, "
+        "sqlite:relative.db or postgresql://user@host/db[?schema=NAME]"
+    )
+
+
+def open_store(url: str) -> Store:
+    """Open (creating and migrating as needed) the store a ``FORGE_STORE`` URL names."""
+    kind = store_kind(url)
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "sqlite":
+        return SqliteStore(sqlite_path(url))  # creates the parent directories
+    from forge.stores.postgres import PostgresStore
+
+    return PostgresStore(url)

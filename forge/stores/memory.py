@@ -1,0 +1,200 @@
+"""An in-process store: the reference behaviour of the ``Store`` protocol.
+
+Used by unit tests and the in-process workflow tests, where activities run in a
+thread pool, so every method holds one lock: the store's whole state moves from
+one consistent snapshot to the next, which is exactly what the SQL stores get from
+their transactions. Models are frozen, so handing out the stored instances is safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from forge.models import Assignment, Job, Node, NodeState
+from forge.stores.base import (
+    ApplyResult,
+    Delta,
+    Fence,
+    JobChange,
+    JobPage,
+    StoreError,
+    TaskReport,
+    check_fence,
+    delta_digest,
+    mean_usage,
+)
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Usage:
+    seq: int
+    cpu: float | None
+    memory: float | None
+    at: float
+
+
+@dataclass
+class _Cluster:
+    revision: int = 0
+    # job id -> (revision of its latest change, spec or None for a tombstone)
+    jobs: dict[str, tuple[int, Job | None]] = field(default_factory=dict)
+    fence: Fence | None = None
+    digest: str = ""
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    heartbeats: dict[str, float] = field(default_factory=dict)
+    reports: list[TaskReport] = field(default_factory=list)  # reports[i].seq == i + 1
+    usage: dict[str, _Usage] = field(default_factory=dict)
+
+
+class MemoryStore:
+    """The ``Store`` protocol over dictionaries, guarded by one lock.
+
+    Listing methods sort on each call (O(n log n)): simple, and fast enough for the
+    tests this store exists for; production state belongs in SQLite or PostgreSQL.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clusters: dict[str, _Cluster] = {}
+        self._closed = False
+
+    def _cluster(self, name: str) -> _Cluster:
+        if self._closed:
+            raise StoreError("store is closed")
+        cluster = self._clusters.get(name)
+        if cluster is None:
+            cluster = self._clusters[name] = _Cluster()
+        return cluster
+
+    # -- jobs ----------------------------------------------------------------------
+    def put_job(self, cluster: str, job: Job) -> int:
+        with self._lock:
+            c = self._cluster(cluster)
+            c.revision += 1
+            c.jobs[job.id] = (c.revision, job)
+            return c.revision
+
+    def delete_job(self, cluster: str, job_id: str) -> int | None:
+        with self._lock:
+            c = self._cluster(cluster)
+            current = c.jobs.get(job_id)
+            if current is None or current[1] is None:
+                return None
+            c.revision += 1
+            c.jobs[job_id] = (c.revision, None)
+            return c.revision
+
+    def get_job(self, cluster: str, job_id: str) -> Job | None:
+        with self._lock:
+            entry = self._cluster(cluster).jobs.get(job_id)
+            return entry[1] if entry is not None else None
+
+    def list_jobs(self, cluster: str) -> list[Job]:
+        with self._lock:
+            jobs = self._cluster(cluster).jobs
+            return [job for _, (_, job) in sorted(jobs.items()) if job is not None]
+
+    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
+        with self._lock:
+            jobs = self._cluster(cluster).jobs
+            newer = sorted((rev, job_id, job) for job_id, (rev, job) in jobs.items() if rev > since)
+        page = newer[:limit]
+        changes = [JobChange(revision=rev, job_id=job_id, job=job) for rev, job_id, job in page]
+        return JobPage(
+            changes=changes,
+            revision=changes[-1].revision if changes else since,
+            more=len(newer) > limit,
+        )
+
+    def revision(self, cluster: str) -> int:
+        with self._lock:
+            return self._cluster(cluster).revision
+
+    # -- actual state --------------------------------------------------------------
+    def apply_delta(self, cluster: str, fence: Fence, delta: Delta) -> ApplyResult:
+        fence = Fence(*fence)
+        digest = delta_digest(delta)
+        with self._lock:
+            c = self._cluster(cluster)
+            settled = check_fence(fence, c.fence, c.digest, digest)
+            if settled is not None:
+                return settled
+            # Nothing below can fail half-way, so validating first is atomic enough.
+            for workload in delta.release:
+                c.assignments.pop(workload, None)
+                c.usage.pop(workload, None)
+            for a in delta.bind:
+                c.assignments[a.workload_id] = a
+            for node_id in delta.nodes_remove:
+                c.nodes.pop(node_id, None)
+            for node in delta.nodes_upsert:
+                c.nodes[node.id] = node
+            c.fence, c.digest = fence, digest
+        return ApplyResult(applied=True, digest=digest)
+
+    def fence(self, cluster: str) -> Fence | None:
+        with self._lock:
+            return self._cluster(cluster).fence
+
+    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
+        with self._lock:
+            items = self._cluster(cluster).assignments
+            keys = sorted(k for k in items if k > after)[:limit]
+            return [items[k] for k in keys]
+
+    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
+        with self._lock:
+            items = self._cluster(cluster).nodes
+            keys = sorted(k for k in items if k > after)[:limit]
+            return [items[k] for k in keys]
+
+    # -- liveness and task status --------------------------------------------------
+    def heartbeat(self, cluster: str, node_id: str, at: float) -> None:
+        with self._lock:
+            beats = self._cluster(cluster).heartbeats
+            beats[node_id] = max(at, beats.get(node_id, at))
+
+    def expired_nodes(self, cluster: str, before: float, limit: int = 1000) -> list[str]:
+        with self._lock:
+            c = self._cluster(cluster)
+            expired = sorted(
+                node_id
+                for node_id, node in c.nodes.items()
+                if node.state != NodeState.LOST
+                and node_id in c.heartbeats
+                and c.heartbeats[node_id] < before
+            )
+            return expired[:limit]
+
+    def report(self, cluster: str, reports: list[TaskReport]) -> int:
+        with self._lock:
+            c = self._cluster(cluster)
+            for r in reports:
+                stored = r.model_copy(update={"seq": len(c.reports) + 1})
+                c.reports.append(stored)
+                if r.cpu is None and r.memory is None:
+                    continue
+                last = c.usage.get(r.workload_id)
+                if last is None or r.at >= last.at:
+                    c.usage[r.workload_id] = _Usage(stored.seq, r.cpu, r.memory, r.at)
+            return len(c.reports)
+
+    def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
+        with self._lock:
+            reports = self._cluster(cluster).reports
+            start = max(seq, 0)
+            return reports[start : start + max(limit, 0)]
+
+    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
+        with self._lock:
+            usage = self._cluster(cluster).usage
+            rows = [(w, u.cpu, u.memory) for w, u in usage.items() if u.at >= since]
+        return mean_usage(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True

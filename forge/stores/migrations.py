@@ -1,0 +1,296 @@
+"""Versioned schema migrations for the SQLite and PostgreSQL stores.
+
+Each dialect has a list of numbered steps; step ``i`` (1-based) moves the schema
+from version ``i - 1`` to ``i``. ``migrate`` applies the missing ones in a single
+transaction and records each in ``schema_version``, so a crash half-way leaves the
+old version intact and the next start simply tries again.
+
+Several workers may start at once against the same database. On SQLite the
+migration runs under ``BEGIN IMMEDIATE`` (the database write lock); on PostgreSQL
+under ``pg_advisory_xact_lock`` with one constant key for the whole database, so
+concurrent migrators (and the ``CREATE SCHEMA`` that precedes them) queue up
+behind each other and the later ones find nothing left to do.
+
+Steps are append-only: never edit a released step, add a new one. Both dialects
+keep the same number of steps so a version number means the same layout in both.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from typing import TYPE_CHECKING, Any, LiteralString
+
+from forge.stores.base import StoreError
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "LATEST_VERSION",
+    "POSTGRES_MIGRATIONS",
+    "SCHEMA_NAME_PATTERN",
+    "SQLITE_MIGRATIONS",
+    "migrate",
+    "migrate_url",
+]
+
+#: Key of the PostgreSQL advisory lock that serialises migrations ("Forg").
+_PG_LOCK_KEY = 0x466F7267
+
+SCHEMA_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+
+SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
+    # 1: the initial layout. Text keys use SQLite's BINARY collation, which orders
+    # like Python's str comparison, so paging by id matches the memory store.
+    (
+        """CREATE TABLE clusters (
+            cluster TEXT PRIMARY KEY,
+            revision INTEGER NOT NULL DEFAULT 0,
+            report_seq INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID""",
+        """CREATE TABLE fences (
+            cluster TEXT PRIMARY KEY,
+            generation INTEGER,
+            pass_no INTEGER,
+            digest TEXT
+        ) WITHOUT ROWID""",
+        """CREATE TABLE jobs (
+            cluster TEXT NOT NULL,
+            job_id TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            spec TEXT,
+            PRIMARY KEY (cluster, job_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX jobs_by_revision ON jobs (cluster, revision)",
+        """CREATE TABLE assignments (
+            cluster TEXT NOT NULL,
+            workload_id TEXT NOT NULL,
+            job TEXT NOT NULL,
+            grp TEXT NOT NULL,
+            ordinal INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            gpu_ids TEXT NOT NULL,
+            cpu INTEGER NOT NULL,
+            memory INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            PRIMARY KEY (cluster, workload_id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE nodes (
+            cluster TEXT NOT NULL,
+            id TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            PRIMARY KEY (cluster, id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE heartbeats (
+            cluster TEXT NOT NULL,
+            node_id TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (cluster, node_id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE reports (
+            cluster TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            workload_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            cpu REAL,
+            memory REAL,
+            at REAL NOT NULL,
+            message TEXT NOT NULL,
+            PRIMARY KEY (cluster, seq)
+        )""",
+        """CREATE TABLE latest_usage (
+            cluster TEXT NOT NULL,
+            workload_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            cpu REAL,
+            memory REAL,
+            at REAL NOT NULL,
+            PRIMARY KEY (cluster, workload_id)
+        ) WITHOUT ROWID""",
+    ),
+)
+
+POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
+    # 1: the initial layout. Keys are COLLATE "C" so ORDER BY / ``> after`` paging
+    # follows code-point order on every server, whatever its locale: the same
+    # order as SQLite and the memory store (invariant 7 needs a stable order).
+    (
+        """CREATE TABLE clusters (
+            cluster TEXT COLLATE "C" PRIMARY KEY,
+            revision BIGINT NOT NULL DEFAULT 0,
+            report_seq BIGINT NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE fences (
+            cluster TEXT COLLATE "C" PRIMARY KEY,
+            generation BIGINT,
+            pass_no BIGINT,
+            digest TEXT
+        )""",
+        """CREATE TABLE jobs (
+            cluster TEXT COLLATE "C" NOT NULL,
+            job_id TEXT COLLATE "C" NOT NULL,
+            revision BIGINT NOT NULL,
+            spec JSONB,
+            PRIMARY KEY (cluster, job_id)
+        )""",
+        "CREATE INDEX jobs_by_revision ON jobs (cluster, revision)",
+        """CREATE TABLE assignments (
+            cluster TEXT COLLATE "C" NOT NULL,
+            workload_id TEXT COLLATE "C" NOT NULL,
+            job TEXT NOT NULL,
+            grp TEXT NOT NULL,
+            ordinal INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            gpu_ids JSONB NOT NULL,
+            cpu BIGINT NOT NULL,
+            memory BIGINT NOT NULL,
+            status TEXT NOT NULL,
+            PRIMARY KEY (cluster, workload_id)
+        )""",
+        """CREATE TABLE nodes (
+            cluster TEXT COLLATE "C" NOT NULL,
+            id TEXT COLLATE "C" NOT NULL,
+            spec JSONB NOT NULL,
+            state TEXT NOT NULL,
+            PRIMARY KEY (cluster, id)
+        )""",
+        """CREATE TABLE heartbeats (
+            cluster TEXT COLLATE "C" NOT NULL,
+            node_id TEXT COLLATE "C" NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (cluster, node_id)
+        )""",
+        """CREATE TABLE reports (
+            cluster TEXT COLLATE "C" NOT NULL,
+            seq BIGINT NOT NULL,
+            workload_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            cpu DOUBLE PRECISION,
+            memory DOUBLE PRECISION,
+            at DOUBLE PRECISION NOT NULL,
+            message TEXT NOT NULL,
+            PRIMARY KEY (cluster, seq)
+        )""",
+        """CREATE TABLE latest_usage (
+            cluster TEXT COLLATE "C" NOT NULL,
+            workload_id TEXT COLLATE "C" NOT NULL,
+            seq BIGINT NOT NULL,
+            cpu DOUBLE PRECISION,
+            memory DOUBLE PRECISION,
+            at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (cluster, workload_id)
+        )""",
+    ),
+)
+
+assert len(SQLITE_MIGRATIONS) == len(POSTGRES_MIGRATIONS), "dialects must stay in step"
+
+#: The schema version this code writes and expects.
+LATEST_VERSION = len(SQLITE_MIGRATIONS)
+
+
+def _too_new(version: int) -> StoreError:
+    return StoreError(
+        f"the database schema is at version {version}, newer than this Forge knows "
+        f"({LATEST_VERSION}): upgrade Forge before pointing it at this database"
+    )
+
+
+def _migrate_sqlite(conn: sqlite3.Connection) -> int:
+    # BEGIN IMMEDIATE takes the write lock before we read the version, so two
+    # processes starting together cannot both decide to apply step 1.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version ("
+            " version INTEGER PRIMARY KEY,"
+            " applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)"
+        )
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+        current = int(row[0])
+        if current > LATEST_VERSION:
+            raise _too_new(current)
+        for version in range(current + 1, LATEST_VERSION + 1):
+            for statement in SQLITE_MIGRATIONS[version - 1]:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return LATEST_VERSION
+
+
+def _migrate_postgres(conn: psycopg.Connection[Any], schema: str | None) -> int:
+    from psycopg import sql
+
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK_KEY,))
+        if schema is not None:
+            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        cur.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version ("
+            " version INTEGER PRIMARY KEY,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        cur.execute("SELECT coalesce(max(version), 0) FROM schema_version")
+        row = cur.fetchone()
+        current = int(row[0]) if row is not None else 0
+        if current > LATEST_VERSION:
+            raise _too_new(current)
+        for version in range(current + 1, LATEST_VERSION + 1):
+            for statement in POSTGRES_MIGRATIONS[version - 1]:
+                cur.execute(statement)
+            cur.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+    return LATEST_VERSION
+
+
+def migrate(
+    conn: sqlite3.Connection | psycopg.Connection[Any], *, schema: str | None = None
+) -> int:
+    """Bring the schema behind ``conn`` to ``LATEST_VERSION``; returns it.
+
+    Idempotent and safe to run from several processes at once. ``schema``
+    (PostgreSQL only) is created first if missing; the caller's ``search_path``
+    must already point at it. A database newer than this code is refused with
+    ``StoreError`` rather than written with an old layout.
+    """
+    if isinstance(conn, sqlite3.Connection):
+        if schema is not None:
+            raise ValueError("SQLite has no schemas")
+        if conn.in_transaction:
+            raise StoreError("migrate() needs a connection outside a transaction")
+        return _migrate_sqlite(conn)
+    if schema is not None and not re.match(SCHEMA_NAME_PATTERN, schema):
+        raise ValueError(f"invalid schema name {schema!r}")
+    return _migrate_postgres(conn, schema)
+
+
+def migrate_url(url: str) -> int:
+    """Migrate the store at ``url`` (a ``FORGE_STORE`` value); returns the version.
+
+    The memory store has no schema and reports version 0.
+    """
+    from forge.stores import store_kind
+
+    kind = store_kind(url)
+    if kind == "memory":
+        return 0
+    if kind == "sqlite":
+        from forge.stores.sqlite import SqliteStore, sqlite_path
+
+        store = SqliteStore(sqlite_path(url))  # migrates on open
+        try:
+            return store.schema_version
+        finally:
+            store.close()
+    from forge.stores.postgres import connect_postgres
+
+    conn, schema = connect_postgres(url)
+    try:
+        return migrate(conn, schema=schema)
+    finally:
+        conn.close()

@@ -1,0 +1,495 @@
+"""The PostgreSQL store (psycopg 3, synchronous API).
+
+Connections: a small bounded pool written here (``psycopg_pool`` is not a
+dependency). Activities run in a thread pool; each call borrows a connection for
+its duration, so concurrent activities run concurrent transactions instead of
+queueing behind one lock, and the number of server connections stays bounded
+however many threads the worker has. Connections run in autocommit mode and every
+write is an explicit ``conn.transaction()`` block, so no transaction is ever left
+open between calls; a connection that comes back broken or mid-transaction is
+discarded rather than reused.
+
+Ordering: the job revision and the report sequence are per-cluster counters in a
+``clusters`` row, bumped inside the writing transaction, not PostgreSQL sequences.
+The row lock makes concurrent writers commit in counter order, so a reader that has
+seen revision N has seen every revision below N. With a sequence, revision 7 could
+commit before 6 and a watcher that moved its cursor to 7 would never see 6.
+
+Fencing: ``apply_delta`` locks the cluster's row in ``fences`` (``SELECT ... FOR
+UPDATE``) before comparing, so two persists of the same cluster serialise and the
+comparison and the writes are one atomic step. Fences live in their own table, not
+in ``clusters``, so a long persist does not block ``put_job`` or agents' reports.
+
+Schema: ``?schema=NAME`` in the URL selects (and, when migrating, creates) a
+schema by setting the connection's ``search_path``; ``options=-csearch_path=...``
+works too, but then the schema must already exist.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, LiteralString
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
+
+from forge.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.stores import migrations
+from forge.stores.base import (
+    ApplyResult,
+    Delta,
+    Fence,
+    JobChange,
+    JobPage,
+    StoreError,
+    TaskReport,
+    check_fence,
+    delta_digest,
+    mean_usage,
+)
+from forge.stores.migrations import SCHEMA_NAME_PATTERN
+
+__all__ = ["PostgresStore", "connect_postgres", "parse_postgres_url"]
+
+Connection = psycopg.Connection[TupleRow]
+Cursor = psycopg.Cursor[TupleRow]
+
+
+def parse_postgres_url(url: str) -> tuple[str, str | None]:
+    """Split a store URL into a libpq conninfo string and the ``?schema=`` name.
+
+    libpq rejects parameters it does not know, so ``schema`` is removed from the
+    query and turned into ``options=-csearch_path=NAME`` (appended to any options
+    already there). Schema names are restricted to plain identifiers so they need
+    no escaping in ``options``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ValueError(f"not a PostgreSQL URL: {url!r}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [v for k, v in query if k == "schema"]
+    rest = [(k, v) for k, v in query if k != "schema"]
+    conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
+    if not schemas:
+        return conninfo, None
+    schema = schemas[-1]
+    if not re.match(SCHEMA_NAME_PATTERN, schema):
+        raise ValueError(f"invalid schema name {schema!r} in the store URL")
+    options = pg_conninfo.conninfo_to_dict(conninfo).get("options") or ""
+    options = f"{options} -csearch_path={schema}".strip()
+    return pg_conninfo.make_conninfo(conninfo, options=options), schema
+
+
+def connect_postgres(url: str) -> tuple[Connection, str | None]:
+    """One autocommit connection to the store at ``url`` and its schema name."""
+    conninfo, schema = parse_postgres_url(url)
+    return psycopg.connect(conninfo, autocommit=True), schema
+
+
+class _Pool:
+    """A bounded set of connections; ``connection()`` lends one to the caller."""
+
+    def __init__(self, conninfo: str, max_size: int) -> None:
+        if max_size < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._conninfo = conninfo
+        self._max_size = max_size
+        self._idle: list[Connection] = []
+        self._size = 0  # connections open: idle + lent out
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, conn: Connection) -> None:
+        """Adopt an already open connection (the one used to migrate)."""
+        with self._cond:
+            self._size += 1
+        self._give_back(conn)
+
+    def _take(self) -> Connection:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StoreError("store is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self._size < self._max_size:
+                    self._size += 1
+                    break
+                self._cond.wait()
+        try:
+            return psycopg.connect(self._conninfo, autocommit=True)
+        except BaseException:
+            with self._cond:
+                self._size -= 1
+                self._cond.notify()
+            raise
+
+    def _give_back(self, conn: Connection) -> None:
+        healthy = (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        )
+        with self._cond:
+            if healthy and not self._closed:
+                self._idle.append(conn)
+            else:
+                self._size -= 1
+            self._cond.notify()
+        if not healthy or self._closed:
+            conn.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        conn = self._take()
+        try:
+            yield conn
+        finally:
+            self._give_back(conn)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._size -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
+def _assignment(row: tuple[Any, ...]) -> Assignment:
+    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status = row
+    return Assignment(
+        workload_id=workload,
+        job=job,
+        group=group,
+        ordinal=ordinal,
+        node=node,
+        gpu_ids=tuple(gpu_ids),  # jsonb arrives decoded as a list
+        cpu=cpu,
+        memory=memory,
+        status=AssignmentStatus(status),
+    )
+
+
+class PostgresStore:
+    """The ``Store`` protocol over PostgreSQL; see the module docstring."""
+
+    def __init__(self, url: str, *, migrate: bool = True, max_connections: int = 8) -> None:
+        """Connect to ``url`` and, unless ``migrate=False``, migrate its schema.
+
+        Connecting is eager so a wrong URL or a server that is down fails here, at
+        start-up, rather than in the first activity.
+        """
+        conninfo, self.schema = parse_postgres_url(url)
+        self._pool = _Pool(conninfo, max_connections)
+        conn = psycopg.connect(conninfo, autocommit=True)
+        try:
+            self.schema_version = migrations.migrate(conn, schema=self.schema) if migrate else None
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.put(conn)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Cursor]:
+        """A cursor inside one transaction, committed on exit, rolled back on error."""
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            yield cur
+
+    def _one(self, query: LiteralString, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        with self._pool.connection() as conn:
+            return conn.execute(query, params).fetchone()
+
+    def _all(self, query: LiteralString, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._pool.connection() as conn:
+            return conn.execute(query, params).fetchall()
+
+    # -- jobs ----------------------------------------------------------------------
+    def put_job(self, cluster: str, job: Job) -> int:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO clusters (cluster, revision) VALUES (%s, 1)"
+                " ON CONFLICT (cluster) DO UPDATE SET revision = clusters.revision + 1"
+                " RETURNING revision",
+                (cluster,),
+            )
+            revision = _scalar(cur)
+            cur.execute(
+                "INSERT INTO jobs (cluster, job_id, revision, spec)"
+                " VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (cluster, job_id)"
+                " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
+                (cluster, job.id, revision, job.model_dump_json()),
+            )
+        return revision
+
+    def delete_job(self, cluster: str, job_id: str) -> int | None:
+        with self._tx() as cur:
+            # Lock the counter first, as put_job does, so job writes of a cluster
+            # serialise in revision order (see the module docstring).
+            cur.execute("SELECT 1 FROM clusters WHERE cluster = %s FOR UPDATE", (cluster,))
+            if cur.fetchone() is None:
+                return None  # no job was ever written in this cluster
+            cur.execute(
+                "SELECT 1 FROM jobs WHERE cluster = %s AND job_id = %s AND spec IS NOT NULL",
+                (cluster, job_id),
+            )
+            if cur.fetchone() is None:
+                return None
+            cur.execute(
+                "UPDATE clusters SET revision = revision + 1 WHERE cluster = %s RETURNING revision",
+                (cluster,),
+            )
+            revision = _scalar(cur)
+            cur.execute(
+                "UPDATE jobs SET revision = %s, spec = NULL WHERE cluster = %s AND job_id = %s",
+                (revision, cluster, job_id),
+            )
+        return revision
+
+    def get_job(self, cluster: str, job_id: str) -> Job | None:
+        row = self._one(
+            "SELECT spec::text FROM jobs WHERE cluster = %s AND job_id = %s", (cluster, job_id)
+        )
+        return Job.model_validate_json(row[0]) if row is not None and row[0] is not None else None
+
+    def list_jobs(self, cluster: str) -> list[Job]:
+        rows = self._all(
+            "SELECT spec::text FROM jobs WHERE cluster = %s AND spec IS NOT NULL ORDER BY job_id",
+            (cluster,),
+        )
+        return [Job.model_validate_json(spec) for (spec,) in rows]
+
+    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
+        limit = max(limit, 0)
+        rows = self._all(
+            "SELECT revision, job_id, spec::text FROM jobs WHERE cluster = %s AND revision > %s"
+            " ORDER BY revision LIMIT %s",
+            (cluster, since, limit + 1),
+        )
+        changes = [
+            JobChange(
+                revision=rev,
+                job_id=job_id,
+                job=Job.model_validate_json(spec) if spec is not None else None,
+            )
+            for rev, job_id, spec in rows[:limit]
+        ]
+        return JobPage(
+            changes=changes,
+            revision=changes[-1].revision if changes else since,
+            more=len(rows) > limit,
+        )
+
+    def revision(self, cluster: str) -> int:
+        row = self._one("SELECT revision FROM clusters WHERE cluster = %s", (cluster,))
+        return int(row[0]) if row is not None else 0
+
+    # -- actual state --------------------------------------------------------------
+    def apply_delta(self, cluster: str, fence: Fence, delta: Delta) -> ApplyResult:
+        fence = Fence(*fence)
+        digest = delta_digest(delta)
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO fences (cluster) VALUES (%s) ON CONFLICT DO NOTHING", (cluster,)
+            )
+            cur.execute(
+                "SELECT generation, pass_no, digest FROM fences WHERE cluster = %s FOR UPDATE",
+                (cluster,),
+            )
+            row = cur.fetchone()
+            assert row is not None  # inserted above if it was missing
+            stored = Fence(row[0], row[1]) if row[0] is not None else None
+            settled = check_fence(fence, stored, row[2] or "", digest)
+            if settled is not None:
+                return settled  # nothing written
+            if delta.release:
+                released = list(delta.release)
+                cur.execute(
+                    "DELETE FROM assignments WHERE cluster = %s AND workload_id = ANY(%s)",
+                    (cluster, released),
+                )
+                # A released replica's usage must not steer the autoscaler any more
+                # (its id is reused if the replica is placed again).
+                cur.execute(
+                    "DELETE FROM latest_usage WHERE cluster = %s AND workload_id = ANY(%s)",
+                    (cluster, released),
+                )
+            if delta.bind:
+                self._bind(cur, cluster, delta.bind)
+            if delta.nodes_remove:
+                cur.execute(
+                    "DELETE FROM nodes WHERE cluster = %s AND id = ANY(%s)",
+                    (cluster, list(delta.nodes_remove)),
+                )
+            if delta.nodes_upsert:
+                cur.executemany(
+                    "INSERT INTO nodes (cluster, id, spec, state) VALUES (%s, %s, %s::jsonb, %s)"
+                    " ON CONFLICT (cluster, id)"
+                    " DO UPDATE SET spec = excluded.spec, state = excluded.state",
+                    [
+                        (cluster, n.id, n.model_dump_json(), n.state.value)
+                        for n in delta.nodes_upsert
+                    ],
+                )
+            cur.execute(
+                "UPDATE fences SET generation = %s, pass_no = %s, digest = %s WHERE cluster = %s",
+                (fence.generation, fence.pass_no, digest, cluster),
+            )
+        return ApplyResult(applied=True, digest=digest)
+
+    @staticmethod
+    def _bind(cur: Cursor, cluster: str, binds: list[Assignment]) -> None:
+        """Upsert all bindings in one statement: columns travel as arrays and
+        ``unnest`` turns them back into rows, one round trip for 20k bindings.
+
+        One statement may not update a row twice, so a workload bound twice in the
+        same delta keeps its last binding, as sequential upserts would.
+        """
+        last = {a.workload_id: a for a in binds}.values()
+        cur.execute(
+            "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
+            " gpu_ids, cpu, memory, status)"
+            " SELECT %s, w, j, g, o, n, gi::jsonb, c, m, s FROM unnest("
+            "%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[],"
+            " %s::bigint[], %s::bigint[], %s::text[]) AS t(w, j, g, o, n, gi, c, m, s)"
+            " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
+            " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
+            " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu, memory = excluded.memory,"
+            " status = excluded.status",
+            (
+                cluster,
+                [a.workload_id for a in last],
+                [a.job for a in last],
+                [a.group for a in last],
+                [a.ordinal for a in last],
+                [a.node for a in last],
+                [_json_list(a.gpu_ids) for a in last],
+                [a.cpu for a in last],
+                [a.memory for a in last],
+                [a.status.value for a in last],
+            ),
+        )
+
+    def fence(self, cluster: str) -> Fence | None:
+        row = self._one("SELECT generation, pass_no FROM fences WHERE cluster = %s", (cluster,))
+        if row is None or row[0] is None:
+            return None
+        return Fence(int(row[0]), int(row[1]))
+
+    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
+        rows = self._all(
+            "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status"
+            " FROM assignments WHERE cluster = %s AND workload_id > %s"
+            " ORDER BY workload_id LIMIT %s",
+            (cluster, after, max(limit, 0)),
+        )
+        return [_assignment(row) for row in rows]
+
+    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
+        rows = self._all(
+            "SELECT spec::text FROM nodes WHERE cluster = %s AND id > %s ORDER BY id LIMIT %s",
+            (cluster, after, max(limit, 0)),
+        )
+        return [Node.model_validate_json(spec) for (spec,) in rows]
+
+    # -- liveness and task status --------------------------------------------------
+    def heartbeat(self, cluster: str, node_id: str, at: float) -> None:
+        with self._pool.connection() as conn:
+            # GREATEST: a heartbeat delayed in transit must not make a node look older.
+            conn.execute(
+                "INSERT INTO heartbeats (cluster, node_id, at) VALUES (%s, %s, %s)"
+                " ON CONFLICT (cluster, node_id)"
+                " DO UPDATE SET at = GREATEST(heartbeats.at, excluded.at)",
+                (cluster, node_id, at),
+            )
+
+    def expired_nodes(self, cluster: str, before: float, limit: int = 1000) -> list[str]:
+        rows = self._all(
+            "SELECT n.id FROM nodes n JOIN heartbeats h"
+            " ON h.cluster = n.cluster AND h.node_id = n.id"
+            " WHERE n.cluster = %s AND n.state <> %s AND h.at < %s"
+            " ORDER BY n.id LIMIT %s",
+            (cluster, NodeState.LOST.value, before, max(limit, 0)),
+        )
+        return [node_id for (node_id,) in rows]
+
+    def report(self, cluster: str, reports: list[TaskReport]) -> int:
+        if not reports:
+            row = self._one("SELECT report_seq FROM clusters WHERE cluster = %s", (cluster,))
+            return int(row[0]) if row is not None else 0
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO clusters (cluster, report_seq) VALUES (%s, %s)"
+                " ON CONFLICT (cluster) DO UPDATE"
+                " SET report_seq = clusters.report_seq + excluded.report_seq"
+                " RETURNING report_seq",
+                (cluster, len(reports)),
+            )
+            last = _scalar(cur)
+            first = last - len(reports) + 1
+            cur.executemany(
+                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
+                " message) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [
+                    (cluster, seq, r.workload_id, r.status, r.cpu, r.memory, r.at, r.message)
+                    for seq, r in enumerate(reports, first)
+                ],
+            )
+            usage = [
+                (cluster, r.workload_id, seq, r.cpu, r.memory, r.at)
+                for seq, r in enumerate(reports, first)
+                if r.cpu is not None or r.memory is not None
+            ]
+            if usage:
+                # ">=": of two reports with the same timestamp the later one wins
+                # (statements run in seq order).
+                cur.executemany(
+                    "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at)"
+                    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, workload_id)"
+                    " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
+                    " memory = excluded.memory, at = excluded.at"
+                    " WHERE excluded.at >= latest_usage.at",
+                    usage,
+                )
+        return last
+
+    def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
+        rows = self._all(
+            "SELECT seq, workload_id, status, cpu, memory, at, message FROM reports"
+            " WHERE cluster = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (cluster, seq, max(limit, 0)),
+        )
+        return [
+            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg)
+            for s, w, st, c, m, at, msg in rows
+        ]
+
+    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
+        rows = self._all(
+            "SELECT workload_id, cpu, memory FROM latest_usage WHERE cluster = %s AND at >= %s",
+            (cluster, since),
+        )
+        return mean_usage(rows)
+
+    def close(self) -> None:
+        """Close idle connections now and lent ones as they come back."""
+        self._pool.close()
+
+
+def _scalar(cur: Cursor) -> int:
+    row = cur.fetchone()
+    if row is None:
+        raise StoreError("expected a row from RETURNING")
+    return int(row[0])
+
+
+def _json_list(items: tuple[str, ...]) -> str:
+    return json.dumps(list(items)) if items else "[]"

@@ -1,0 +1,669 @@
+"""One behaviour suite for every store: memory, SQLite and PostgreSQL must agree."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forge.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.stores import (
+    Delta,
+    Fence,
+    MemoryStore,
+    SqliteStore,
+    StaleFenceError,
+    Store,
+    StoreError,
+    TaskReport,
+    delta_digest,
+    migrate_url,
+    open_store,
+)
+from forge.stores.migrations import LATEST_VERSION, migrate
+from forge.stores.postgres import PostgresStore, parse_postgres_url
+from forge.stores.sqlite import sqlite_path
+from tests.stores.conftest import Backend
+
+C = "c1"
+
+
+def make_job(name: str, desired: int = 1, **extra: Any) -> Job:
+    return Job.model_validate(
+        {
+            "name": name,
+            "groups": [
+                {
+                    "name": "api",
+                    "scaling": {"min": 0, "max": max(desired, 1), "desired": desired},
+                    "tasks": [{"name": "t", "resources": {"cpu": 100, "memory": 64}}],
+                }
+            ],
+            **extra,
+        }
+    )
+
+
+def bound(
+    job: str,
+    group: str,
+    ordinal: int,
+    node: str = "n1",
+    *,
+    gpu_ids: tuple[str, ...] = (),
+    status: AssignmentStatus = AssignmentStatus.PENDING,
+) -> Assignment:
+    return Assignment(
+        workload_id=f"{job}/{group}/{ordinal}",
+        job=job,
+        group=group,
+        ordinal=ordinal,
+        node=node,
+        gpu_ids=gpu_ids,
+        cpu=100,
+        memory=64,
+        status=status,
+    )
+
+
+def make_node(node_id: str, state: NodeState = NodeState.READY) -> Node:
+    return Node(id=node_id, cpu=4000, memory=8192, state=state)
+
+
+def usage(
+    workload: str, at: float, cpu: float | None = None, memory: float | None = None
+) -> TaskReport:
+    return TaskReport(workload_id=workload, status="running", cpu=cpu, memory=memory, at=at)
+
+
+def all_assignments(store: Store, cluster: str = C, page: int = 5000) -> list[Assignment]:
+    out: list[Assignment] = []
+    while batch := store.assignments(cluster, after=out[-1].workload_id if out else "", limit=page):
+        out.extend(batch)
+    return out
+
+
+# -- jobs ------------------------------------------------------------------------------
+
+
+def test_store_satisfies_the_protocol(store: Store) -> None:
+    assert isinstance(store, Store)
+
+
+def test_job_revisions_strictly_increase(store: Store) -> None:
+    revisions = [
+        store.put_job(C, make_job("a")),
+        store.put_job(C, make_job("b")),
+        store.put_job(C, make_job("a", desired=2)),
+        store.delete_job(C, "b"),
+        store.put_job(C, make_job("c")),
+    ]
+    assert revisions == [1, 2, 3, 4, 5]
+    assert store.revision(C) == 5
+    assert store.revision("other") == 0
+
+
+def test_put_then_get_round_trips_the_whole_spec(store: Store) -> None:
+    job = Job.model_validate(
+        {
+            "name": "train",
+            "priority": 90,
+            "groups": [
+                {
+                    "name": "workers",
+                    "scaling": {"min": 1, "max": 8, "desired": 4},
+                    "constraints": [{"label": "zone", "op": "in", "values": ["a", "b"]}],
+                    "autoscale": {"policy": "target", "target": 0.5},
+                    "tasks": [
+                        {
+                            "name": "t",
+                            "command": ["python", "-m", "train"],
+                            "env": {"SEED": "7"},
+                            "resources": {
+                                "cpu": 4000,
+                                "memory": 16384,
+                                "gpu": {"count": 2, "memory": 40000, "models": ["a100"]},
+                            },
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+    store.put_job(C, job)
+    assert store.get_job(C, "train") == job
+    assert store.get_job(C, "missing") is None
+    assert store.get_job("other", "train") is None
+
+
+def test_put_replaces_and_list_is_ordered_by_code_point(store: Store) -> None:
+    for name in ["zeta", "alpha", "Mid", "a-b", "a.b", "a_b"]:
+        store.put_job(C, make_job(name))
+    store.put_job(C, make_job("alpha", desired=3))
+    jobs = store.list_jobs(C)
+    assert [j.id for j in jobs] == sorted(["zeta", "alpha", "Mid", "a-b", "a.b", "a_b"])
+    assert next(j for j in jobs if j.id == "alpha").groups[0].scaling.desired == 3
+
+
+def test_delete_leaves_a_tombstone_in_changes_and_hides_the_job(store: Store) -> None:
+    store.put_job(C, make_job("a"))
+    store.put_job(C, make_job("b"))
+    revision = store.delete_job(C, "a")
+
+    assert revision == 3
+    assert store.get_job(C, "a") is None
+    assert [j.id for j in store.list_jobs(C)] == ["b"]
+    page = store.job_changes(C, since=0)
+    assert [(c.revision, c.job_id, c.job is None) for c in page.changes] == [
+        (2, "b", False),
+        (3, "a", True),
+    ]
+    # Deleting what is not there changes nothing and reports it.
+    assert store.delete_job(C, "a") is None
+    assert store.delete_job(C, "never") is None
+    assert store.delete_job("empty-cluster", "never") is None
+    assert store.revision(C) == 3
+    # A deleted job can come back, with a new revision.
+    assert store.put_job(C, make_job("a")) == 4
+    assert store.get_job(C, "a") == make_job("a")
+
+
+def test_job_changes_keep_each_jobs_latest_change_once_and_page(store: Store) -> None:
+    store.put_job(C, make_job("a"))  # 1, superseded by 4
+    store.put_job(C, make_job("b"))  # 2
+    store.put_job(C, make_job("c"))  # 3
+    store.put_job(C, make_job("a", desired=2))  # 4
+    store.put_job(C, make_job("d"))  # 5
+
+    first = store.job_changes(C, since=0, limit=2)
+    assert [(c.revision, c.job_id) for c in first.changes] == [(2, "b"), (3, "c")]
+    assert first.more is True
+    assert first.revision == 3
+
+    second = store.job_changes(C, since=first.revision, limit=2)  # exactly the rest
+    assert [(c.revision, c.job_id) for c in second.changes] == [(4, "a"), (5, "d")]
+    assert second.changes[0].job == make_job("a", desired=2)
+    assert second.more is False
+    assert second.revision == 5
+
+    empty = store.job_changes(C, since=5)
+    assert (empty.changes, empty.more, empty.revision) == ([], False, 5)
+
+    everything = store.job_changes(C, since=0, limit=500)
+    assert [c.job_id for c in everything.changes] == ["b", "c", "a", "d"]
+    assert everything.more is False
+
+
+def test_clusters_are_isolated(store: Store) -> None:
+    store.put_job("x", make_job("a"))
+    store.put_job("x", make_job("b"))
+    assert store.put_job("y", make_job("a")) == 1
+    store.apply_delta("x", Fence(1, 1), Delta(bind=[bound("a", "api", 0)]))
+    assert store.list_jobs("y") == [make_job("a")]
+    assert store.fence("y") is None
+    assert store.assignments("y") == []
+    assert store.report("x", [usage("a/api/0", 1.0, cpu=0.5)]) == 1
+    assert store.report("y", [usage("a/api/0", 1.0, cpu=0.5)]) == 1
+
+
+# -- actual state ----------------------------------------------------------------------
+
+
+def test_apply_delta_binds_releases_and_maintains_nodes(store: Store) -> None:
+    assert store.fence(C) is None
+    first = Delta(
+        bind=[
+            bound("web", "api", 0, "n1"),
+            bound("web", "api", 1, "n2", gpu_ids=("gpu0", "gpu1")),
+            bound("web", "api", 2, "n2"),
+        ],
+        nodes_upsert=[make_node("n1"), make_node("n2")],
+    )
+    result = store.apply_delta(C, Fence(1, 1), first)
+    assert result.applied is True
+    assert result.digest == delta_digest(first)
+    assert store.fence(C) == Fence(1, 1)
+    assert all_assignments(store) == sorted(first.bind, key=lambda a: a.workload_id)
+    assert store.nodes(C) == [make_node("n1"), make_node("n2")]
+
+    running = bound("web", "api", 2, "n2", status=AssignmentStatus.RUNNING)
+    second = Delta(
+        release=["web/api/0", "web/api/9"],  # releasing an unknown id is a no-op
+        bind=[running],
+        nodes_upsert=[make_node("n1", NodeState.DRAINING)],
+        nodes_remove=["n2", "n-unknown"],
+    )
+    assert store.apply_delta(C, Fence(1, 2), second).applied is True
+    assert all_assignments(store) == [first.bind[1], running]
+    assert store.nodes(C) == [make_node("n1", NodeState.DRAINING)]
+    assert store.fence(C) == Fence(1, 2)
+
+
+def test_release_and_bind_of_one_replica_in_one_delta_moves_it(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0, "n1")]))
+    moved = bound("web", "api", 0, "n2")
+    store.apply_delta(C, Fence(1, 2), Delta(release=["web/api/0"], bind=[moved]))
+    assert all_assignments(store) == [moved]
+
+
+def test_a_node_removed_and_upserted_in_one_delta_stays_registered(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(nodes_upsert=[make_node("n1")]))
+    rejoined = make_node("n1", NodeState.DRAINING)
+    store.apply_delta(C, Fence(1, 2), Delta(nodes_remove=["n1"], nodes_upsert=[rejoined]))
+    assert store.nodes(C) == [rejoined]
+
+
+def test_an_empty_delta_still_advances_the_fence(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    assert store.apply_delta(C, Fence(2, 0), Delta()).applied is True
+    assert store.fence(C) == Fence(2, 0)
+    assert len(all_assignments(store)) == 1
+
+
+def test_an_older_fence_is_refused_and_writes_nothing(store: Store) -> None:
+    store.apply_delta(C, Fence(2, 5), Delta(bind=[bound("web", "api", 0)]))
+    late = Delta(
+        release=["web/api/0"], bind=[bound("web", "api", 1)], nodes_upsert=[make_node("x")]
+    )
+    for older in (Fence(2, 4), Fence(1, 99)):
+        with pytest.raises(StaleFenceError):
+            store.apply_delta(C, older, late)
+    assert store.fence(C) == Fence(2, 5)
+    assert all_assignments(store) == [bound("web", "api", 0)]
+    assert store.nodes(C) == []
+
+
+def test_the_same_fence_again_is_a_retry_that_reapplies_nothing(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    delta = Delta(release=["web/api/0"], bind=[bound("web", "api", 1)])
+    first = store.apply_delta(C, Fence(1, 2), delta)
+    # Make state that a re-application would visibly undo: the release in ``delta``
+    # clears web/api/0's usage, so usage reported after it must survive the retry.
+    store.report(C, [usage("web/api/0", 10.0, cpu=0.5, memory=0.5)])
+
+    retry = store.apply_delta(C, Fence(1, 2), delta)
+
+    assert (retry.applied, retry.digest) == (False, first.digest)
+    assert retry.digest == delta_digest(delta)
+    assert store.group_usage(C, since=0.0) == {"web/api": (0.5, 0.5)}
+    assert all_assignments(store) == [bound("web", "api", 1)]
+    assert store.fence(C) == Fence(1, 2)
+
+
+def test_the_same_fence_with_a_different_delta_is_an_error(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    with pytest.raises(StoreError) as info:
+        store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 1)]))
+    assert not isinstance(info.value, StaleFenceError)
+    assert all_assignments(store) == [bound("web", "api", 0)]
+
+
+def test_assignments_page_by_workload_id_in_code_point_order(store: Store) -> None:
+    jobs = ["B", "a", "a-b", "a.b", "a_b", "A-1"]
+    binds = [bound(j, "g", i) for j in jobs for i in range(4)]  # 24 bindings
+    store.apply_delta(C, Fence(1, 1), Delta(bind=binds))
+    expected = sorted(binds, key=lambda a: a.workload_id)
+
+    pages: list[list[Assignment]] = []
+    after = ""
+    while page := store.assignments(C, after=after, limit=10):
+        pages.append(page)
+        after = page[-1].workload_id
+    assert [len(p) for p in pages] == [10, 10, 4]
+    assert [a for p in pages for a in p] == expected
+    assert store.assignments(C, after=expected[5].workload_id, limit=2) == expected[6:8]
+
+
+def test_nodes_page_by_id(store: Store) -> None:
+    ids = ["n2", "n10", "N3", "n-1", "n.1", "n_1", "n1"]
+    store.apply_delta(C, Fence(1, 1), Delta(nodes_upsert=[make_node(i) for i in ids]))
+    expected = sorted(ids)
+    assert [n.id for n in store.nodes(C, limit=3)] == expected[:3]
+    assert [n.id for n in store.nodes(C, after=expected[2], limit=3)] == expected[3:6]
+    assert [n.id for n in store.nodes(C, after=expected[5], limit=3)] == expected[6:]
+    assert store.nodes(C, after=expected[-1]) == []
+
+
+def test_twenty_thousand_binds_in_one_delta_are_fast(store: Store) -> None:
+    binds = [bound("big", "g", i, f"n{i % 500}") for i in range(20_000)]
+    delta = Delta(bind=binds)
+    started = time.perf_counter()
+    result = store.apply_delta(C, Fence(1, 1), delta)
+    elapsed = time.perf_counter() - started
+    print(f"\n{type(store).__name__}: 20k binds applied in {elapsed:.3f}s")
+    assert result.applied
+    assert elapsed < 5.0  # generous: measured ~0.1-0.4 s on a laptop-class machine
+    assert len(all_assignments(store)) == 20_000
+
+
+# -- liveness and task status ----------------------------------------------------------
+
+
+def test_expired_nodes_are_registered_live_nodes_with_an_old_heartbeat(store: Store) -> None:
+    store.apply_delta(
+        C,
+        Fence(1, 1),
+        Delta(
+            nodes_upsert=[
+                make_node("a"),
+                make_node("b", NodeState.DRAINING),
+                make_node("never-beat"),
+                make_node("lost", NodeState.LOST),
+            ]
+        ),
+    )
+    store.heartbeat(C, "a", 100.0)
+    store.heartbeat(C, "b", 200.0)
+    store.heartbeat(C, "lost", 50.0)
+    store.heartbeat(C, "unregistered", 10.0)
+
+    assert store.expired_nodes(C, before=150.0) == ["a"]
+    assert store.expired_nodes(C, before=1000.0) == ["a", "b"]
+    assert store.expired_nodes(C, before=1000.0, limit=1) == ["a"]
+    assert store.expired_nodes(C, before=100.0) == []  # strictly older than ``before``
+
+    store.heartbeat(C, "a", 300.0)
+    store.heartbeat(C, "a", 120.0)  # arrived late: must not move the heartbeat back
+    assert store.expired_nodes(C, before=250.0) == ["b"]
+    assert store.expired_nodes("other", before=1000.0) == []
+
+
+def test_reports_get_increasing_sequence_numbers_and_page(store: Store) -> None:
+    batch1 = [
+        TaskReport(workload_id="web/api/0", status="running", cpu=0.1, memory=0.2, at=1.0),
+        TaskReport(workload_id="web/api/1", status="failed", at=2.0, message="exit 137"),
+        TaskReport(workload_id="web/api/0", status="exited", at=3.0),
+    ]
+    assert store.report(C, batch1) == 3
+    assert store.report(C, [usage("web/api/2", 4.0, cpu=0.3), usage("web/api/3", 5.0)]) == 5
+    assert store.report(C, []) == 5
+    assert store.report("empty", []) == 0
+
+    got = store.reports_since(C, 0)
+    assert [r.seq for r in got] == [1, 2, 3, 4, 5]
+    assert [r.model_copy(update={"seq": 0}) for r in got[:3]] == batch1
+    assert [r.seq for r in store.reports_since(C, 3)] == [4, 5]
+    assert [r.seq for r in store.reports_since(C, 0, limit=2)] == [1, 2]
+    assert store.reports_since(C, 5) == []
+
+
+def test_group_usage_averages_each_replicas_latest_report_since(store: Store) -> None:
+    store.report(
+        C,
+        [
+            usage("web/api/0", 10.0, cpu=0.2, memory=0.4),
+            usage("web/api/0", 20.0, cpu=0.6, memory=0.8),  # latest for replica 0
+            usage("web/api/1", 15.0, cpu=0.4, memory=0.2),
+            usage("web/db/0", 5.0, cpu=1.0, memory=1.0),
+            usage("x/y/0", 25.0, cpu=0.3),  # reports cpu only
+            usage("web/api/1", 30.0),  # no usage at all: does not hide the one before
+        ],
+    )
+    store.report(C, [usage("web/api/0", 12.0, cpu=0.0, memory=0.0)])  # late and older
+
+    everything = store.group_usage(C, since=0.0)
+    assert everything.keys() == {"web/api", "web/db", "x/y"}
+    assert everything["web/api"] == pytest.approx((0.5, 0.5))
+    assert everything["web/db"] == pytest.approx((1.0, 1.0))
+    assert everything["x/y"] == pytest.approx((0.3, 0.0))
+
+    recent = store.group_usage(C, since=16.0)  # replica 1's usage (at 15) is too old
+    assert recent.keys() == {"web/api", "x/y"}
+    assert recent["web/api"] == pytest.approx((0.6, 0.8))
+    assert store.group_usage(C, since=20.0)["web/api"] == pytest.approx((0.6, 0.8))
+    assert store.group_usage(C, since=100.0) == {}
+    assert store.group_usage("other", since=0.0) == {}
+
+
+def test_group_usage_forgets_released_replicas(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0), bound("web", "api", 1)]))
+    store.report(
+        C, [usage("web/api/0", 1.0, cpu=0.9, memory=0.9), usage("web/api/1", 1.0, 0.1, 0.1)]
+    )
+    store.apply_delta(C, Fence(1, 2), Delta(release=["web/api/0"]))
+    assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.1, 0.1))}
+    assert len(store.reports_since(C, 0)) == 2  # the report history itself is kept
+
+
+def test_a_closed_store_refuses_work(backend: Backend) -> None:
+    store = backend.open()
+    store.close()
+    with pytest.raises(StoreError):
+        store.put_job(C, make_job("a"))
+
+
+# -- concurrency -----------------------------------------------------------------------
+
+
+def test_concurrent_persists_never_apply_an_older_fence_after_a_newer_one(
+    backend: Backend,
+) -> None:
+    """Threads race increasing fences (thread t owns passes t+1, t+1+T, ...) through
+    two store instances; a watcher checks the stored fence only ever moves forward."""
+    threads, rounds = 6, 12
+    stores = [backend.open(), backend.open()]
+    watcher = backend.open()
+    start = threading.Barrier(threads + 1)
+    done = threading.Event()
+    outcome: dict[int, str] = {}
+    errors: list[BaseException] = []
+    seen: list[Fence] = []
+
+    def persist(t: int) -> None:
+        store = stores[t % 2]
+        start.wait()
+        for r in range(rounds):
+            p = r * threads + t + 1
+            delta = Delta(bind=[bound("marker", "g", 0, f"n{p}"), bound("j", "g", p)])
+            try:
+                outcome[p] = (
+                    "applied" if store.apply_delta(C, Fence(1, p), delta).applied else "retry"
+                )
+            except StaleFenceError:
+                outcome[p] = "stale"
+            except BaseException as exc:
+                errors.append(exc)
+
+    def watch() -> None:
+        start.wait()
+        while not done.is_set():
+            if (fence := watcher.fence(C)) is not None:
+                seen.append(fence)
+
+    workers = [threading.Thread(target=persist, args=(t,)) for t in range(threads)]
+    observer = threading.Thread(target=watch)
+    for th in [*workers, observer]:
+        th.start()
+    for th in workers:
+        th.join()
+    done.set()
+    observer.join()
+
+    assert errors == []
+    last = threads * rounds
+    assert len(outcome) == last
+    assert "retry" not in outcome.values()
+    applied = {p for p, o in outcome.items() if o == "applied"}
+    assert last in applied  # nothing can be newer than the newest
+    assert watcher.fence(C) == Fence(1, last)
+    assert seen == sorted(seen), "the stored fence moved backwards"
+    bindings = {a.workload_id: a for a in all_assignments(watcher)}
+    # The newest pass wrote last, and exactly the applied passes left their mark.
+    assert bindings["marker/g/0"].node == f"n{last}"
+    assert {int(w.rsplit("/", 1)[1]) for w in bindings if w.startswith("j/")} == applied
+
+
+# -- durability and migrations ---------------------------------------------------------
+
+
+def test_a_durable_store_survives_reopening(durable_backend: Backend) -> None:
+    first = durable_backend.open()
+    first.put_job(C, make_job("a"))
+    first.put_job(C, make_job("b"))
+    first.delete_job(C, "b")
+    delta = Delta(
+        bind=[bound("a", "api", 0, "n1", gpu_ids=("g0",))], nodes_upsert=[make_node("n1")]
+    )
+    first.apply_delta(C, Fence(3, 7), delta)
+    first.heartbeat(C, "n1", 5.0)
+    first.report(C, [usage("a/api/0", 6.0, cpu=0.25, memory=0.75)])
+    first.close()
+
+    again = durable_backend.open()
+    assert again.list_jobs(C) == [make_job("a")]
+    assert again.revision(C) == 3
+    assert [c.job_id for c in again.job_changes(C, 0).changes] == ["a", "b"]
+    assert again.fence(C) == Fence(3, 7)
+    assert again.apply_delta(C, Fence(3, 7), delta).applied is False
+    assert again.assignments(C) == delta.bind
+    assert again.nodes(C) == [make_node("n1")]
+    assert again.expired_nodes(C, before=10.0) == ["n1"]
+    assert again.group_usage(C, since=0.0) == {"a/api": pytest.approx((0.25, 0.75))}
+    assert again.put_job(C, make_job("c")) == 4
+    assert again.report(C, [usage("a/api/0", 7.0)]) == 2
+
+
+def test_migrations_are_idempotent(durable_backend: Backend) -> None:
+    durable_backend.open().close()
+    assert migrate_url(durable_backend.url) == LATEST_VERSION
+    assert migrate_url(durable_backend.url) == LATEST_VERSION
+    assert _applied_versions(durable_backend.url) == list(range(1, LATEST_VERSION + 1))
+
+
+def test_migrations_are_safe_when_workers_start_together(durable_backend: Backend) -> None:
+    workers = 5
+    start = threading.Barrier(workers)
+    versions: list[int] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            versions.append(migrate_url(durable_backend.url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert versions == [LATEST_VERSION] * workers
+    assert _applied_versions(durable_backend.url) == list(range(1, LATEST_VERSION + 1))
+
+
+def test_a_database_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    SqliteStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (LATEST_VERSION + 1,))
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this Forge"):
+        SqliteStore(path)
+
+
+def _applied_versions(url: str) -> list[int]:
+    if url.startswith("sqlite:"):
+        with sqlite3.connect(sqlite_path(url)) as conn:
+            rows = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        conn.close()
+        return [int(v) for (v,) in rows]
+    from forge.stores.postgres import connect_postgres
+
+    pg, _ = connect_postgres(url)
+    with pg:
+        return [int(v) for (v,) in pg.execute("SELECT version FROM schema_version ORDER BY 1")]
+
+
+def test_migrate_on_a_plain_sqlite_connection_is_idempotent(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "plain.db", isolation_level=None)
+    try:
+        assert migrate(conn) == LATEST_VERSION
+        assert migrate(conn) == LATEST_VERSION
+        (count,) = conn.execute("SELECT count(*) FROM schema_version").fetchone()
+        assert count == LATEST_VERSION
+    finally:
+        conn.close()
+
+
+def test_two_sqlite_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    one, two = SqliteStore(path), SqliteStore(path)
+    try:
+        one.put_job(C, make_job("a"))
+        assert two.get_job(C, "a") == make_job("a")
+        assert two.put_job(C, make_job("b")) == 2
+        two.apply_delta(C, Fence(1, 1), Delta(bind=[bound("a", "api", 0)]))
+        assert [j.id for j in one.list_jobs(C)] == ["a", "b"]
+        assert one.fence(C) == Fence(1, 1)
+        with pytest.raises(StaleFenceError):
+            one.apply_delta(C, Fence(1, 0), Delta())
+    finally:
+        one.close()
+        two.close()
+
+
+# -- open_store ------------------------------------------------------------------------
+
+
+def test_open_store_memory_gives_a_fresh_store() -> None:
+    store = open_store("memory://")
+    assert isinstance(store, MemoryStore)
+    assert migrate_url("memory://") == 0
+
+
+def test_open_store_sqlite_absolute_creates_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "forge.db"
+    store = open_store(f"sqlite:///{path}")
+    try:
+        assert isinstance(store, SqliteStore)
+        store.put_job(C, make_job("a"))
+    finally:
+        store.close()
+    assert path.is_file()
+
+
+def test_open_store_sqlite_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite:state/forge.db")
+    store.close()
+    assert (tmp_path / "state" / "forge.db").is_file()
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "forge.db", "", "sqlite:", "sqlite::memory:"])
+def test_open_store_rejects_what_it_cannot_open(url: str) -> None:
+    with pytest.raises(ValueError, match=r"FORGE_STORE|sqlite") as info:
+        open_store(url)
+    if not url.startswith("sqlite:"):
+        assert "FORGE_STORE" in str(info.value)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_open_store_postgres_accepts_both_schemes(postgres_backend: Backend, scheme: str) -> None:
+    url = postgres_backend.url.replace("postgresql://", f"{scheme}://", 1)
+    store = open_store(url)
+    try:
+        assert isinstance(store, PostgresStore)
+        assert store.schema_version == LATEST_VERSION
+        assert store.put_job(C, make_job("a")) == 1
+    finally:
+        store.close()
+
+
+def test_parse_postgres_url_turns_schema_into_a_search_path() -> None:
+    conninfo, schema = parse_postgres_url(
+        "postgresql://u@h:5433/db?sslmode=disable&schema=forge_a&options=-cstatement_timeout%3D5s"
+    )
+    assert schema == "forge_a"
+    assert "schema=" not in conninfo
+    assert "sslmode=disable" in conninfo
+    assert "-cstatement_timeout=5s -csearch_path=forge_a" in conninfo
+    assert parse_postgres_url("postgres://u@h/db") == ("postgres://u@h/db", None)
+    with pytest.raises(ValueError, match="schema"):
+        parse_postgres_url("postgresql://u@h/db?schema=bad;drop")

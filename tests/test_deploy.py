@@ -1,0 +1,85 @@
+"""docker-compose.yml and the Dockerfile, checked as far as this machine allows
+(no Docker engine runs here): the files parse, every service Forge talks to is
+where Forge's settings say, and the image builds from files that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+import yaml
+
+from forge.settings import ENV_VARS, Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+WORKERS = [name for name in SERVICES if name.startswith("forge-worker")]
+
+
+def _ports(service: str) -> dict[int, int]:
+    """container port -> host port"""
+    out = {}
+    for spec in SERVICES[service].get("ports", []):
+        host, container = str(spec).split(":")[-2:]
+        out[int(container)] = int(host)
+    return out
+
+
+def test_the_production_layout_has_every_service() -> None:
+    assert {"postgresql", "temporal", "temporal-ui", "prometheus"} <= set(SERVICES)
+    assert len(WORKERS) == 2
+
+
+def test_workers_read_only_settings_forge_knows_and_they_point_at_real_services() -> None:
+    for name in WORKERS:
+        env = SERVICES[name]["environment"]
+        unknown = set(env) - set(ENV_VARS)
+        assert not unknown, f"{name} sets variables Forge does not read: {unknown}"
+        settings = Settings.from_env({k: str(v) for k, v in env.items()})
+        host, port = settings.address.split(":")
+        assert host == "temporal" and int(port) in _ports("temporal")
+        store = urlparse(settings.store_url)
+        assert store.scheme == "postgresql" and store.hostname == "postgresql"
+        assert store.port in _ports("postgresql")
+        assert settings.metrics_port in _ports(name)
+        assert SERVICES[name]["depends_on"]["temporal"]["condition"] == "service_healthy"
+
+
+def test_forge_database_and_role_are_created_for_the_store_url() -> None:
+    init = (ROOT / "deploy/postgres-init.sql").read_text()
+    url = urlparse(SERVICES[WORKERS[0]]["environment"]["FORGE_STORE"])
+    assert f"CREATE ROLE {url.username} LOGIN PASSWORD '{url.password}'" in init
+    assert f"CREATE DATABASE {url.path.lstrip('/')} OWNER {url.username}" in init
+    mounted = SERVICES["postgresql"]["volumes"][0].split(":")[0]
+    assert (ROOT / mounted).resolve() == (ROOT / "deploy/postgres-init.sql").resolve()
+
+
+def test_prometheus_scrapes_each_worker_on_its_metrics_port() -> None:
+    mount = SERVICES["prometheus"]["volumes"][0].split(":")[0]
+    config = yaml.safe_load((ROOT / mount).read_text())
+    targets = {t for sc in config["scrape_configs"] for c in sc["static_configs"]
+               for t in c["targets"]}
+    expected = {
+        f"{w}:{SERVICES[w]['environment']['FORGE_METRICS_PORT']}" for w in WORKERS
+    }
+    assert targets == expected
+
+
+def test_ui_talks_to_the_temporal_service() -> None:
+    env = SERVICES["temporal-ui"]["environment"]
+    host, port = env["TEMPORAL_ADDRESS"].split(":")
+    assert host == "temporal" and int(port) in _ports("temporal")
+    assert 8080 in _ports("temporal-ui")
+
+
+def test_dockerfile_copies_files_that_exist_and_runs_the_worker() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    for line in text.splitlines():
+        m = re.match(r"COPY\s+(.+)\s+\S+$", line)
+        if m:
+            for src in m.group(1).split():
+                assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+    assert 'CMD ["python", "-m", "worker"]' in text
+    assert SERVICES[WORKERS[0]]["build"] == "."

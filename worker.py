@@ -51,7 +51,7 @@ def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    runtime = None
+    runtime = Runtime.default()
     if settings.metrics_port:
         runtime = Runtime(
             telemetry=TelemetryConfig(
@@ -64,7 +64,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         data_converter=data_converter(),
         tls=settings.tls_config(),
         api_key=settings.api_key or None,
-        **({"runtime": runtime} if runtime else {}),
+        runtime=runtime,
     )
     try:
         created = await ensure_search_attributes(client, settings.namespace)

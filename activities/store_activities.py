@@ -9,9 +9,11 @@ ordinary exception and the workflow's retry policy tries again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from forge.activity_contract import (
     ACT_DELETE_JOB,
@@ -52,7 +54,7 @@ class StoreActivities:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [
             self.fence,
             self.snapshot_nodes,
@@ -103,9 +105,7 @@ class StoreActivities:
             raise ApplicationError(f"invalid delta: {err}", non_retryable=True) from err
         started = time.perf_counter()
         try:
-            result = self.store.apply_delta(
-                req.cluster, Fence(req.generation, req.pass_no), delta
-            )
+            result = self.store.apply_delta(req.cluster, Fence(req.generation, req.pass_no), delta)
         except StaleFenceError as err:
             activity.metric_meter().create_counter(
                 "forge_persist_refused", "persists refused by the fence"
@@ -137,7 +137,7 @@ class StoreActivities:
                 return WatchOut(jobs_revision=rev, reports_seq=seq, reason="timeout")
             activity.heartbeat()
             if activity.is_cancelled():
-                raise activity.CancelledError
+                raise CancelledError
             time.sleep(req.poll)
 
     @activity.defn(name=ACT_READ_REPORTS)

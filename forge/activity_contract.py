@@ -8,6 +8,8 @@ payloads, less history, and faster to encode.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge.models import Assignment, AssignmentStatus, Job, Node
@@ -152,7 +154,7 @@ def row_from_assignment(a: Assignment) -> BindRow:
 
 def assignment_from_row(row: BindRow, *, validate: bool) -> Assignment:
     job, group, ordinal, node, gpu_ids, cpu, memory, status = row
-    fields = {
+    fields: dict[str, Any] = {
         "workload_id": f"{job}/{group}/{ordinal}",
         "job": job,
         "group": group,

@@ -182,7 +182,7 @@ class ForgeClient:
         """Store the job and plan it; starts the cluster workflow if needed."""
         req = c.SubmitJob(job=job, wait=wait)
         for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
-            op = WithStartWorkflowOperation(
+            op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
                 c.WORKFLOW_TYPE,
                 self._input(),
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -190,7 +190,9 @@ class ForgeClient:
             )
             try:
                 result: c.JobResult = await self.client.execute_update_with_start_workflow(
-                    c.UPDATE_SUBMIT_JOB, req, start_workflow_operation=op,
+                    c.UPDATE_SUBMIT_JOB,
+                    req,
+                    start_workflow_operation=op,
                     result_type=c.JobResult,
                 )
                 return result
@@ -228,9 +230,9 @@ class ForgeClient:
         view: c.StatusView = await self.handle().query(c.QUERY_STATUS, result_type=c.StatusView)
         return view
 
-    async def assignments(self, *, node: str | None = None, page: int = 5000) -> list[
-        c.AssignmentView
-    ]:
+    async def assignments(
+        self, *, node: str | None = None, page: int = 5000
+    ) -> list[c.AssignmentView]:
         """Every binding, fetched page by page (a query result has a size limit)."""
         out: list[c.AssignmentView] = []
         after = ""

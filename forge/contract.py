@@ -121,7 +121,9 @@ class ClusterOptions(_Msg):
         default=0, ge=0, description="continue-as-new after this many passes (0: when suggested)"
     )
     max_replay_cost: int = Field(
-        default=2_000_000, ge=1, description="continue-as-new after passes examined this many replicas"
+        default=2_000_000,
+        ge=1,
+        description="continue-as-new after passes examined this many replicas",
     )
     max_history_events: int = Field(default=20_000, ge=100)
     max_history_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

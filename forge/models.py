@@ -23,7 +23,6 @@ __all__ = [
     "MAX_MEMORY",
     "MAX_REPLICAS",
     "MAX_TASKS",
-    "Name",
     "NAME_PATTERN",
     "Assignment",
     "AssignmentStatus",
@@ -33,6 +32,7 @@ __all__ = [
     "GpuDevice",
     "GpuRequest",
     "Job",
+    "Name",
     "Node",
     "NodeState",
     "Pending",
@@ -126,8 +126,9 @@ class ScalingPolicy(_Model):
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
         if not self.min <= self.desired <= self.max:
-            raise ValueError(f"desired ({self.desired}) must be within [min, max] = "
-                             f"[{self.min}, {self.max}]")
+            raise ValueError(
+                f"desired ({self.desired}) must be within [min, max] = [{self.min}, {self.max}]"
+            )
         return self
 
 
@@ -209,9 +210,7 @@ class AutoscalePolicy(_Model):
     @model_validator(mode="after")
     def _thresholds(self) -> Self:
         if self.scale_down >= self.scale_up:
-            raise ValueError(
-                f"scale_down ({self.scale_down}) must be < scale_up ({self.scale_up})"
-            )
+            raise ValueError(f"scale_down ({self.scale_down}) must be < scale_up ({self.scale_up})")
         return self
 
 
@@ -229,23 +228,26 @@ class TaskGroup(_Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate task names: {', '.join(dupes)}")
+        model_sets = [set(t.resources.gpu.models) for t in self.tasks if t.resources.gpu.models]
+        if model_sets and not set.intersection(*model_sets):
+            raise ValueError("the tasks' gpu models have no model in common")
         return self
 
     def request(self) -> Request:
         """One replica's needs: the sum of its tasks (GPU memory: the largest)."""
         gpu_count = sum(t.resources.gpu.count for t in self.tasks)
         gpu_memory = max(t.resources.gpu.memory for t in self.tasks)
-        allowed: tuple[str, ...] = ()
+        allowed: set[str] | None = None  # None: no task restricts the model
         for task in self.tasks:
             m = task.resources.gpu.models
             if m:
-                allowed = tuple(sorted(set(allowed) & set(m))) if allowed else tuple(sorted(m))
+                allowed = set(m) if allowed is None else allowed & set(m)
         return Request(
             cpu=sum(t.resources.cpu for t in self.tasks),
             memory=sum(t.resources.memory for t in self.tasks),
             gpu=gpu_count,
             gpu_memory=gpu_memory,
-            gpu_models=allowed,
+            gpu_models=tuple(sorted(allowed or ())),
         )
 
 

@@ -40,8 +40,8 @@ from forge.models import (
     Job,
     Node,
     NodeState,
-    ReschedulePolicy,
     Request,
+    ReschedulePolicy,
     TaskGroup,
     workload_id,
 )
@@ -117,6 +117,9 @@ class Plan:
         return bool(self.placed or self.released)
 
 
+DEFAULT_OPTIONS = ReconcileOptions()
+
+
 def backoff_delay(attempts: int, options: ReconcileOptions) -> float:
     """1, 2, 4, ... seconds (for base 1), capped."""
     if attempts <= 0:
@@ -150,7 +153,7 @@ def reconcile(
     failed: Collection[str] = (),
     capacity_changed: bool = False,
     now: float,
-    options: ReconcileOptions = ReconcileOptions(),
+    options: ReconcileOptions = DEFAULT_OPTIONS,
 ) -> Plan:
     """Plan one pass. Inputs are not mutated; mapping iteration orders must be
     deterministic (the workflow builds its dicts deterministically)."""
@@ -177,10 +180,10 @@ def reconcile(
         plan.released.append((wid, reason))
         if reason == "failed":
             just_failed.add(wid)
-            hist = failures.get(wid, FailureHistory())
+            past = failures.get(wid, FailureHistory())
             entry = groups.get((b.job, b.group))
             window = entry[1].reschedule.interval if entry else 0.0
-            times = tuple(t for t in hist.times if t > now - window) + (now,)
+            times = (*tuple(t for t in past.times if t > now - window), now)
             new_failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
 
     capacity_freed = capacity_changed or bool(plan.released)
@@ -242,9 +245,9 @@ def reconcile(
 
     # 3. when to wake ------------------------------------------------------------------
     wake: float | None = now if plan.deferred else None
-    for entry in plan.pending.values():
-        if entry.kind != "deferred" and entry.not_before > now:
-            wake = entry.not_before if wake is None else min(wake, entry.not_before)
+    for p in plan.pending.values():
+        if p.kind != "deferred" and p.not_before > now:
+            wake = p.not_before if wake is None else min(wake, p.not_before)
     plan.next_wake = wake
     plan.released.sort()
     return plan
@@ -309,6 +312,10 @@ def _waiting(
                 ),
             )
         delay = reschedule_delay(policy, len(recent))
+        if delay <= 0:
+            # no delay: try it in this very pass (a "reschedule" entry with
+            # not_before == now would never be woken: wake times are > now)
+            return None
         return PendingEntry(
             kind="reschedule",
             attempts=len(recent),
@@ -322,7 +329,9 @@ def _waiting(
     return prev
 
 
-def _still_desired(wid: str, groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]) -> bool:
+def _still_desired(
+    wid: str, groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]
+) -> bool:
     job, group, ordinal = wid.rsplit("/", 2)
     entry = groups.get((job, group))
     return entry is not None and int(ordinal) < entry[1].scaling.desired

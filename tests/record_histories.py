@@ -43,8 +43,10 @@ async def _lifecycle(env: WorkflowEnvironment) -> list[tuple[str, str]]:
 
 
 async def _continue_as_new(env: WorkflowEnvironment) -> list[tuple[str, str]]:
-    async with cluster(env.client, options=default_options(max_passes_per_run=3),
-                       name="can") as (fc, _):
+    async with cluster(env.client, options=default_options(max_passes_per_run=3), name="can") as (
+        fc,
+        _,
+    ):
         for i in range(6):
             await fc.register_nodes([node(f"n{i}")])
         await fc.submit_job(job("web", replicas=10))

@@ -59,11 +59,10 @@ def test_forge_database_and_role_are_created_for_the_store_url() -> None:
 def test_prometheus_scrapes_each_worker_on_its_metrics_port() -> None:
     mount = SERVICES["prometheus"]["volumes"][0].split(":")[0]
     config = yaml.safe_load((ROOT / mount).read_text())
-    targets = {t for sc in config["scrape_configs"] for c in sc["static_configs"]
-               for t in c["targets"]}
-    expected = {
-        f"{w}:{SERVICES[w]['environment']['FORGE_METRICS_PORT']}" for w in WORKERS
+    targets = {
+        t for sc in config["scrape_configs"] for c in sc["static_configs"] for t in c["targets"]
     }
+    expected = {f"{w}:{SERVICES[w]['environment']['FORGE_METRICS_PORT']}" for w in WORKERS}
     assert targets == expected
 
 

@@ -22,6 +22,7 @@ run reloads them in pages and the continue-as-new payload stays small.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from datetime import timedelta
@@ -118,9 +119,11 @@ class ClusterWorkflow:
             if self._continue_as_new_now():
                 await self._cancel_watch()
                 if not (self.dirty or self.inbox):
-                    workflow.continue_as_new(c.ClusterInput(
-                        cluster=self.cluster, options=self.opts, checkpoint=self._checkpoint()
-                    ))
+                    workflow.continue_as_new(
+                        c.ClusterInput(
+                            cluster=self.cluster, options=self.opts, checkpoint=self._checkpoint()
+                        )
+                    )
             self._ensure_watch()
             now = workflow.now().timestamp()
             wake, why = self._next_wake(now)
@@ -129,10 +132,12 @@ class ClusterWorkflow:
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: self.dirty
-                    or bool(self.inbox)
-                    or self._watch_done()
-                    or self._continue_as_new_now(),
+                    lambda: (
+                        self.dirty
+                        or bool(self.inbox)
+                        or self._watch_done()
+                        or self._continue_as_new_now()
+                    ),
                     timeout=None if wake is None else wake - now,
                     timeout_summary=why,
                 )
@@ -141,8 +146,9 @@ class ClusterWorkflow:
 
     async def _bootstrap(self) -> None:
         """Load the persisted state: the fence, nodes, bindings and jobs (paged)."""
-        fence = await self._act(ac.ACT_FENCE, ac.ClusterRef(cluster=self.cluster), list,
-                                summary="load fence")
+        fence = await self._act(
+            ac.ACT_FENCE, ac.ClusterRef(cluster=self.cluster), list, summary="load fence"
+        )
         stored_gen = fence[0] if fence else 0
         self.generation = max(self.generation, stored_gen + 1)
         self.pass_no = 0
@@ -152,7 +158,8 @@ class ClusterWorkflow:
             page: ac.NodesPage = await self._act(
                 ac.ACT_SNAPSHOT_NODES,
                 ac.PageIn(cluster=self.cluster, after=after, limit=self.opts.snapshot_page),
-                ac.NodesPage, summary="load nodes",
+                ac.NodesPage,
+                summary="load nodes",
             )
             for n in page.nodes:
                 nodes[n.id] = n
@@ -165,11 +172,13 @@ class ClusterWorkflow:
             rows: ac.AssignmentRows = await self._act(
                 ac.ACT_SNAPSHOT_ASSIGNMENTS,
                 ac.PageIn(cluster=self.cluster, after=after, limit=self.opts.snapshot_page),
-                ac.AssignmentRows, summary="load bindings",
+                ac.AssignmentRows,
+                summary="load bindings",
             )
             for job, group, ordinal, node, gpu_ids, cpu, mem, status in rows.rows:
-                b = Binding(job, group, ordinal, node, tuple(gpu_ids), cpu, mem,
-                            AssignmentStatus(status))
+                b = Binding(
+                    job, group, ordinal, node, tuple(gpu_ids), cpu, mem, AssignmentStatus(status)
+                )
                 bindings[workload_id(job, group, ordinal)] = b
             if rows.next_after is None:
                 break
@@ -282,8 +291,9 @@ class ClusterWorkflow:
             f"-{len(plan.released)} nodes {len(persist.nodes_upsert) + len(persist.nodes_remove)}"
         )
         try:
-            result: ApplyResult = await self._act(ac.ACT_PERSIST, persist, ApplyResult,
-                                                  summary=summary)
+            result: ApplyResult = await self._act(
+                ac.ACT_PERSIST, persist, ApplyResult, summary=summary
+            )
         except ActivityError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type == "StaleFence":
@@ -335,9 +345,11 @@ class ClusterWorkflow:
         while True:
             page: JobPage = await self._act(
                 ac.ACT_JOB_CHANGES,
-                ac.JobChangesIn(cluster=self.cluster, since=self.jobs_revision,
-                                limit=self.opts.job_page),
-                JobPage, summary=f"load jobs since revision {self.jobs_revision}",
+                ac.JobChangesIn(
+                    cluster=self.cluster, since=self.jobs_revision, limit=self.opts.job_page
+                ),
+                JobPage,
+                summary=f"load jobs since revision {self.jobs_revision}",
             )
             for ch in page.changes:
                 if ch.job is None:
@@ -353,9 +365,11 @@ class ClusterWorkflow:
         while self.known_reports_seq > self.reports_seq:
             out: ac.ReportsOut = await self._act(
                 ac.ACT_READ_REPORTS,
-                ac.ReportsIn(cluster=self.cluster, seq=self.reports_seq,
-                             limit=self.opts.report_page),
-                ac.ReportsOut, summary=f"read task reports after {self.reports_seq}",
+                ac.ReportsIn(
+                    cluster=self.cluster, seq=self.reports_seq, limit=self.opts.report_page
+                ),
+                ac.ReportsOut,
+                summary=f"read task reports after {self.reports_seq}",
             )
             for wid, status in out.statuses:
                 b = self.bindings.get(wid)
@@ -385,7 +399,8 @@ class ClusterWorkflow:
         out: ac.MetricsOut = await self._act(
             ac.ACT_METRICS,
             ac.MetricsIn(cluster=self.cluster, groups=[f"{j.id}/{g}" for j, g in due]),
-            ac.MetricsOut, summary=f"metrics for {len(due)} groups",
+            ac.MetricsOut,
+            summary=f"metrics for {len(due)} groups",
         )
         for job, gname in due:
             key = f"{job.id}/{gname}"
@@ -400,8 +415,12 @@ class ClusterWorkflow:
             if d.changed:
                 workflow.logger.info("autoscale %s: %s", key, d.reason)
                 new_job = self.jobs[job.id].with_desired(gname, d.desired)
-                await self._act(ac.ACT_PUT_JOB, ac.PutJobIn(cluster=self.cluster, job=new_job),
-                                int, summary=f"autoscale {key}: {d.reason}")
+                await self._act(
+                    ac.ACT_PUT_JOB,
+                    ac.PutJobIn(cluster=self.cluster, job=new_job),
+                    int,
+                    summary=f"autoscale {key}: {d.reason}",
+                )
                 self.jobs[job.id] = new_job
 
     # -- watch --------------------------------------------------------------------------
@@ -432,10 +451,8 @@ class ClusterWorkflow:
     async def _cancel_watch(self) -> None:
         if self.watch is not None and not self.watch.done():
             self.watch.cancel()
-            try:
+            with contextlib.suppress(ActivityError, asyncio.CancelledError):
                 await self.watch
-            except (ActivityError, asyncio.CancelledError):
-                pass
         self.watch = None
 
     # -- continue-as-new ---------------------------------------------------------------
@@ -477,15 +494,23 @@ class ClusterWorkflow:
         wake: float | None = None
         why = ""
         for e in self.pending.values():
-            if e.kind != "deferred" and e.not_before > now and (wake is None or e.not_before < wake):
+            if (
+                e.kind != "deferred"
+                and e.not_before > now
+                and (wake is None or e.not_before < wake)
+            ):
                 wake, why = e.not_before, f"{e.kind} expiry"
         for job in self.jobs.values():
             for g in job.groups:
                 if g.autoscale is None:
                     continue
                 key = f"{job.id}/{g.name}"
-                t = next_due(g.autoscale, self.autoscale.get(key, AutoscaleState()),
-                             self.autoscale_evaluated.get(key), now)
+                t = next_due(
+                    g.autoscale,
+                    self.autoscale.get(key, AutoscaleState()),
+                    self.autoscale_evaluated.get(key),
+                    now,
+                )
                 if wake is None or t < wake:
                     wake, why = t, "autoscale tick"
         resync = self.last_resync + self.opts.resync_seconds
@@ -511,8 +536,12 @@ class ClusterWorkflow:
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
     async def submit_job(self, req: c.SubmitJob) -> c.JobResult:
         await workflow.wait_condition(lambda: self.ready)
-        rev: int = await self._act(ac.ACT_PUT_JOB, ac.PutJobIn(cluster=self.cluster, job=req.job),
-                                   int, summary=f"store job {req.job.id}")
+        rev: int = await self._act(
+            ac.ACT_PUT_JOB,
+            ac.PutJobIn(cluster=self.cluster, job=req.job),
+            int,
+            summary=f"store job {req.job.id}",
+        )
         return await self._settle(req.job.id, rev, wait=req.wait)
 
     @submit_job.validator
@@ -529,8 +558,12 @@ class ClusterWorkflow:
         if job is None or job.group(req.group) is None:
             raise ApplicationError(f"no group {req.job_id}/{req.group}", type="InvalidInput")
         new = job.with_desired(req.group, req.count)
-        rev: int = await self._act(ac.ACT_PUT_JOB, ac.PutJobIn(cluster=self.cluster, job=new),
-                                   int, summary=f"scale {req.job_id}/{req.group} to {req.count}")
+        rev: int = await self._act(
+            ac.ACT_PUT_JOB,
+            ac.PutJobIn(cluster=self.cluster, job=new),
+            int,
+            summary=f"scale {req.job_id}/{req.group} to {req.count}",
+        )
         return await self._settle(req.job_id, rev, wait=True)
 
     @scale.validator
@@ -547,8 +580,10 @@ class ClusterWorkflow:
     async def stop_job(self, req: c.StopJob) -> c.JobResult:
         await workflow.wait_condition(lambda: self.ready)
         rev: int | None = await self._act(
-            ac.ACT_DELETE_JOB, ac.DeleteJobIn(cluster=self.cluster, job_id=req.job_id),
-            int | None, summary=f"stop job {req.job_id}",
+            ac.ACT_DELETE_JOB,
+            ac.DeleteJobIn(cluster=self.cluster, job_id=req.job_id),
+            int | None,
+            summary=f"stop job {req.job_id}",
         )
         if rev is None:
             raise ApplicationError(f"unknown job {req.job_id!r}", type="InvalidInput")
@@ -612,8 +647,9 @@ class ClusterWorkflow:
                 for i in range(g.scaling.desired):
                     desired += 1
                     bound += workload_id(job.id, g.name, i) in self.bindings
-        return c.JobResult(job_id=job_id, revision=revision, desired=desired, bound=bound,
-                           pending=desired - bound)
+        return c.JobResult(
+            job_id=job_id, revision=revision, desired=desired, bound=bound, pending=desired - bound
+        )
 
     # -- queries ------------------------------------------------------------------------
     @workflow.query(name=c.QUERY_STATUS)
@@ -631,8 +667,13 @@ class ClusterWorkflow:
             for a, per_node in ((a, self._count_on(a.id)) for a in cluster.nodes)
         ]
         pending = [
-            c.PendingView(workload_id=w, reasons=list(e.reasons), kind=e.kind,
-                          attempts=e.attempts, not_before=e.not_before)
+            c.PendingView(
+                workload_id=w,
+                reasons=list(e.reasons),
+                kind=e.kind,
+                attempts=e.attempts,
+                not_before=e.not_before,
+            )
             for w, e in sorted(self.pending.items())[:PENDING_SHOWN]
         ]
         return c.StatusView(
@@ -644,13 +685,19 @@ class ClusterWorkflow:
 
     @workflow.query(name=c.QUERY_ASSIGNMENTS)
     def assignments(self, q: c.AssignmentsQuery) -> c.AssignmentsPage:
-        ids = sorted(w for w, b in self.bindings.items()
-                     if w > q.after and (q.node is None or b.node == q.node))
+        ids = sorted(
+            w
+            for w, b in self.bindings.items()
+            if w > q.after and (q.node is None or b.node == q.node)
+        )
         page = ids[: q.limit]
         items = [
-            c.AssignmentView(workload_id=w, node=self.bindings[w].node,
-                             gpu_ids=list(self.bindings[w].gpu_ids),
-                             status=str(self.bindings[w].status))
+            c.AssignmentView(
+                workload_id=w,
+                node=self.bindings[w].node,
+                gpu_ids=list(self.bindings[w].gpu_ids),
+                status=str(self.bindings[w].status),
+            )
             for w in page
         ]
         nxt = page[-1] if len(ids) > q.limit else None
@@ -660,13 +707,18 @@ class ClusterWorkflow:
     def explain(self, wid: str) -> c.Explanation:
         b = self.bindings.get(wid)
         if b is not None:
-            return c.Explanation(workload_id=wid, state="bound", node=b.node,
-                                 gpu_ids=list(b.gpu_ids),
-                                 reasons=[f"bound to {b.node} ({b.status})"])
+            return c.Explanation(
+                workload_id=wid,
+                state="bound",
+                node=b.node,
+                gpu_ids=list(b.gpu_ids),
+                reasons=[f"bound to {b.node} ({b.status})"],
+            )
         e = self.pending.get(wid)
         if e is None:
-            return c.Explanation(workload_id=wid, state="unknown",
-                                 reasons=["not a desired replica of any job"])
+            return c.Explanation(
+                workload_id=wid, state="unknown", reasons=["not a desired replica of any job"]
+            )
         verdicts: list[str] = []
         parts = wid.rsplit("/", 2)
         job = self.jobs.get(parts[0]) if len(parts) == 3 else None
@@ -696,9 +748,14 @@ class ClusterWorkflow:
     def _summary(self) -> c.Summary:
         desired = sum(g.scaling.desired for j in self.jobs.values() for g in j.groups)
         return c.Summary(
-            desired=desired, bound=len(self.bindings), pending=len(self.pending),
-            nodes=len(self.nodes), jobs=len(self.jobs), passes=self.passes,
-            generation=self.generation, last_pass_at=self.last_pass_at,
+            desired=desired,
+            bound=len(self.bindings),
+            pending=len(self.pending),
+            nodes=len(self.nodes),
+            jobs=len(self.jobs),
+            passes=self.passes,
+            generation=self.generation,
+            last_pass_at=self.last_pass_at,
             last_pass=self.last_pass,
         )
 
@@ -709,7 +766,8 @@ class ClusterWorkflow:
             f"**Forge cluster `{self.cluster}`** (run {self.runs}, generation {self.generation})",
             "",
             f"- nodes: {len(self.nodes)} ("
-            + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ")",
+            + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+            + ")",
             f"- jobs: {len(self.jobs)}, replicas bound: {len(self.bindings)}, "
             f"pending: {len(self.pending)}",
             f"- last pass: {self.last_pass}",
@@ -721,17 +779,19 @@ class ClusterWorkflow:
         self._search_attributes()
 
     def _search_attributes(self) -> None:
-        if SA_CLUSTER not in workflow.info().typed_search_attributes:
+        if workflow.info().typed_search_attributes.get(SA_CLUSTER) is None:
             return  # the server has no Forge attributes registered; see worker start-up
         values = (len(self.pending), len(self.bindings), len(self.nodes))
         if values == self.search_attrs:
             return
         self.search_attrs = values
-        workflow.upsert_search_attributes([
-            SA_PENDING.value_set(values[0]),
-            SA_BOUND.value_set(values[1]),
-            SA_NODES.value_set(values[2]),
-        ])
+        workflow.upsert_search_attributes(
+            [
+                SA_PENDING.value_set(values[0]),
+                SA_BOUND.value_set(values[1]),
+                SA_NODES.value_set(values[2]),
+            ]
+        )
 
     def _record(self, plan: Plan, elapsed: float) -> None:
         meter = workflow.metric_meter().with_additional_attributes({"cluster": self.cluster})
@@ -747,9 +807,9 @@ class ClusterWorkflow:
         meter.create_counter("forge_placements_total", "replicas placed").add(len(plan.placed))
         meter.create_counter("forge_releases_total", "replicas released").add(len(plan.released))
         meter.create_counter("forge_passes_total", "reconcile passes").add(1)
-        meter.create_histogram_float(
-            "forge_pass_seconds", "time to plan one pass", "s"
-        ).record(elapsed)
+        meter.create_histogram_float("forge_pass_seconds", "time to plan one pass", "s").record(
+            elapsed
+        )
 
     # -- activity helper ----------------------------------------------------------------
     async def _act(self, name: str, arg: Any, result_type: Any, *, summary: str) -> Any:

@@ -44,9 +44,7 @@ class Filter(Protocol):
 class NodeStateFilter:
     name = "node-state"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         state = node.node.state
         return None if state is NodeState.READY else str(state.value)
 
@@ -54,9 +52,7 @@ class NodeStateFilter:
 class ConstraintFilter:
     name = "constraints"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         for c in constraints:
             if not c.matches(node.node.labels):
                 return f"constraint {c.label} {c.op} {','.join(c.values)}".rstrip()
@@ -66,9 +62,7 @@ class ConstraintFilter:
 class GpuModelFilter:
     name = "gpu-model"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         if not req.gpu or not req.gpu_models:
             return None
         have = sum(1 for g in node.node.gpus if g.model in req.gpu_models)
@@ -78,9 +72,7 @@ class GpuModelFilter:
 class GpuMemoryFilter:
     name = "gpu-memory"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         if not req.gpu or not req.gpu_memory:
             return None
         have = len(node.matching_gpus(req, free_only=False))
@@ -90,31 +82,27 @@ class GpuMemoryFilter:
 class GpuCountFilter:
     name = "gpu"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         if not req.gpu:
             return None
-        return None if len(node.matching_gpus(req, free_only=True)) >= req.gpu else (
-            "insufficient gpu"
+        return (
+            None
+            if len(node.matching_gpus(req, free_only=True)) >= req.gpu
+            else ("insufficient gpu")
         )
 
 
 class CpuFilter:
     name = "cpu"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         return None if node.cpu_free >= req.cpu else "insufficient cpu"
 
 
 class MemoryFilter:
     name = "memory"
 
-    def check(
-        self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]
-    ) -> str | None:
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         return None if node.mem_free >= req.memory else "insufficient memory"
 
 

@@ -123,7 +123,7 @@ class NodeAlloc:
         idx = []
         for gid in b.gpu_ids:
             i = self._gpu_index(gid)
-            if i is None or not self.gpu_free[i]:
+            if i is None or not self.gpu_free[i] or i in idx:  # unknown, taken or repeated
                 return False
             idx.append(i)
         for i in idx:
@@ -148,8 +148,7 @@ class Cluster:
     def __init__(self, nodes: list[Node]) -> None:
         ordered = sorted(nodes, key=lambda n: n.id)
         self.nodes = [
-            NodeAlloc(node=n, index=i, gpu_free=[True] * len(n.gpus))
-            for i, n in enumerate(ordered)
+            NodeAlloc(node=n, index=i, gpu_free=[True] * len(n.gpus)) for i, n in enumerate(ordered)
         ]
         self.by_id = {a.id: a for a in self.nodes}
 

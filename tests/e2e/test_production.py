@@ -20,8 +20,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 def _client(env: WorkflowEnvironment, queue: str, name: str, **opts: object) -> ForgeClient:
-    return ForgeClient(env.client, cluster=name, task_queue=queue,
-                       options=c.ClusterOptions.model_validate({"watch_poll": 0.2, **opts}))
+    return ForgeClient(
+        env.client,
+        cluster=name,
+        task_queue=queue,
+        options=c.ClusterOptions.model_validate({"watch_poll": 0.2, **opts}),
+    )
 
 
 async def test_two_workers_on_postgres_one_killed_the_other_carries_on(
@@ -29,20 +33,28 @@ async def test_two_workers_on_postgres_one_killed_the_other_carries_on(
 ) -> None:
     a = spawn_worker(pg_url)
     spawn_worker(pg_url)
-    fc = _client(dev_env, spawn_worker.task_queue, "pg-two",
-                 reconcile=ReconcileOptions(max_placements=50).model_dump())
-    await fc.register_nodes([node(f"n{i:02d}", cpu=8000, memory=16384, gpus=1)
-                             for i in range(30)])
+    fc = _client(
+        dev_env,
+        spawn_worker.task_queue,
+        "pg-two",
+        reconcile=ReconcileOptions(max_placements=50).model_dump(),
+    )
+    await fc.register_nodes([node(f"n{i:02d}", cpu=8000, memory=16384, gpus=1) for i in range(30)])
     await fc.submit_job(job("web", replicas=400, cpu=500, memory=512), wait=False)
     await fc.submit_job(job("ml", replicas=20, cpu=1000, gpu=1), wait=False)
     store = open_store(pg_url)
     try:
-        await eventually(lambda: _value(store.fence(fc.cluster)),
-                         lambda f: f is not None and f.pass_no >= 2, what="passes persisted")
+        await eventually(
+            lambda: _value(store.fence(fc.cluster)),
+            lambda f: f is not None and f.pass_no >= 2,
+            what="passes persisted",
+        )
         a.kill9()
         status = await eventually(
-            fc.status, lambda s: s.summary.desired == 420 and s.summary.bound == 420,
-            timeout=120, what="convergence on the surviving worker",
+            fc.status,
+            lambda s: s.summary.desired == 420 and s.summary.bound == 420,
+            timeout=120,
+            what="convergence on the surviving worker",
         )
         assert status.summary.pending == 0
         shown = await fc.assignments()
@@ -68,13 +80,20 @@ async def test_worker_exposes_sdk_and_forge_metrics(dev_env, spawn_worker, tmp_p
             return r.read().decode()
 
     wanted = [
-        "forge_replicas_desired", "forge_replicas_bound", "forge_replicas_pending",
-        "forge_replicas_backoff", "forge_nodes", "forge_pass_seconds",
-        "forge_placements_total", "forge_releases_total", "forge_persist_seconds",
+        "forge_replicas_desired",
+        "forge_replicas_bound",
+        "forge_replicas_pending",
+        "forge_replicas_backoff",
+        "forge_nodes",
+        "forge_pass_seconds",
+        "forge_placements_total",
+        "forge_releases_total",
+        "forge_persist_seconds",
         "temporal_workflow_task_execution_latency",  # the SDK runtime's own
     ]
-    text = await eventually(scrape, lambda t: all(w in t for w in wanted), timeout=30,
-                            what="metrics on the endpoint")
+    text = await eventually(
+        scrape, lambda t: all(w in t for w in wanted), timeout=30, what="metrics on the endpoint"
+    )
     bound = [ln for ln in text.splitlines() if ln.startswith("forge_replicas_bound{")]
     assert any(ln.rstrip().endswith(" 3") for ln in bound), bound
     pending = [ln for ln in text.splitlines() if ln.startswith("forge_replicas_pending{")]

@@ -66,10 +66,13 @@ async def test_kill_9_mid_pass_then_a_new_worker_converges(
     url = f"sqlite:///{db}"
     first = spawn_worker(url)
     # small passes (100 placements each) so the kill lands while passes run
-    fc = _client(dev_env, spawn_worker.task_queue, "crash",
-                 reconcile=ReconcileOptions(max_placements=100).model_dump())
-    await fc.register_nodes([node(f"n{i:02d}", cpu=16000, memory=32768, gpus=2)
-                             for i in range(40)])
+    fc = _client(
+        dev_env,
+        spawn_worker.task_queue,
+        "crash",
+        reconcile=ReconcileOptions(max_placements=100).model_dump(),
+    )
+    await fc.register_nodes([node(f"n{i:02d}", cpu=16000, memory=32768, gpus=2) for i in range(40)])
     await fc.submit_job(job("web", replicas=800, cpu=500, memory=512), wait=False)
     await fc.submit_job(job("gpu", replicas=60, cpu=1000, memory=1024, gpu=1), wait=False)
     store = SqliteStore(db)

@@ -20,7 +20,7 @@ from forge.reconcile import ReconcileOptions
 from forge.stores import MemoryStore, Store
 from workflows.cluster import ClusterWorkflow
 
-__all__ = ["cluster", "job", "node", "default_options"]
+__all__ = ["cluster", "default_options", "job", "node"]
 
 
 def default_options(**kw: object) -> c.ClusterOptions:
@@ -30,19 +30,31 @@ def default_options(**kw: object) -> c.ClusterOptions:
 
 
 def node(node_id: str, cpu: int = 4000, memory: int = 8192, gpus: int = 0) -> Node:
-    return Node.model_validate({
-        "id": node_id, "cpu": cpu, "memory": memory,
-        "gpus": [{"id": f"gpu{i}", "model": "A100", "memory": 40960} for i in range(gpus)],
-    })
+    return Node.model_validate(
+        {
+            "id": node_id,
+            "cpu": cpu,
+            "memory": memory,
+            "gpus": [{"id": f"gpu{i}", "model": "A100", "memory": 40960} for i in range(gpus)],
+        }
+    )
 
 
-def job(name: str, replicas: int = 1, cpu: int = 1000, memory: int = 1024, gpu: int = 0,
-        priority: int = 50, **group: object) -> Job:
+def job(
+    name: str,
+    replicas: int = 1,
+    cpu: int = 1000,
+    memory: int = 1024,
+    gpu: int = 0,
+    priority: int = 50,
+    **group: object,
+) -> Job:
     g: dict[str, object] = {
         "name": "main",
         "scaling": {"min": 0, "max": max(replicas, 1) * 10, "desired": replicas},
-        "tasks": [{"name": "t", "resources": {"cpu": cpu, "memory": memory,
-                                               "gpu": {"count": gpu}}}],
+        "tasks": [
+            {"name": "t", "resources": {"cpu": cpu, "memory": memory, "gpu": {"count": gpu}}}
+        ],
     }
     g.update(group)
     return Job.model_validate({"name": name, "priority": priority, "groups": [g]})
@@ -70,9 +82,13 @@ async def cluster(
             activity_executor=pool,
             graceful_shutdown_timeout=timedelta(seconds=1),
         ):
-            fc = ForgeClient(client, cluster=cname, task_queue=queue,
-                             options=options or default_options(),
-                             search_attributes=search_attributes)
+            fc = ForgeClient(
+                client,
+                cluster=cname,
+                task_queue=queue,
+                options=options or default_options(),
+                search_attributes=search_attributes,
+            )
             try:
                 yield fc, store
             finally:

@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 from forge.client import ForgeError
 from forge.reconcile import ReconcileOptions
 from forge.stores import TaskReport
-from tests.workflow.harness import cluster, job, node, default_options
+from tests.workflow.harness import cluster, default_options, job, node
 
 
 async def _pending(fc, wid):
@@ -91,16 +91,27 @@ async def test_autoscale_scales_up_then_respects_cooldown(
 ) -> None:
     async with cluster(skipping_env.client) as (fc, store):
         await fc.register_nodes([node("n1", cpu=16000, memory=65536)])
-        j = job("api", replicas=1, autoscale={"policy": "threshold", "interval": 60,
-                                              "cooldown": 300, "step": 1})
+        j = job(
+            "api",
+            replicas=1,
+            autoscale={"policy": "threshold", "interval": 60, "cooldown": 300, "step": 1},
+        )
         await fc.submit_job(j)
 
         def hot() -> None:
-            store.report(fc.cluster, [
-                TaskReport(workload_id=f"api/main/{i}", status="running", cpu=0.95,
-                           memory=0.2, at=time.time())
-                for i in range(4)
-            ])
+            store.report(
+                fc.cluster,
+                [
+                    TaskReport(
+                        workload_id=f"api/main/{i}",
+                        status="running",
+                        cpu=0.95,
+                        memory=0.2,
+                        at=time.time(),
+                    )
+                    for i in range(4)
+                ],
+            )
 
         hot()
         await skipping_env.sleep(61)

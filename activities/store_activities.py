@@ -16,30 +16,29 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from forge.activity_contract import (
-    ACT_DELETE_JOB,
     ACT_FENCE,
     ACT_JOB_CHANGES,
     ACT_METRICS,
     ACT_PERSIST,
-    ACT_PUT_JOB,
     ACT_READ_REPORTS,
     ACT_SNAPSHOT_ASSIGNMENTS,
     ACT_SNAPSHOT_NODES,
     ACT_WATCH,
+    ACT_WRITE_JOBS,
     AssignmentRows,
     ClusterRef,
-    DeleteJobIn,
     JobChangesIn,
     MetricsIn,
     MetricsOut,
     NodesPage,
     PageIn,
     PersistIn,
-    PutJobIn,
     ReportsIn,
     ReportsOut,
     WatchIn,
     WatchOut,
+    WriteJobsIn,
+    WriteJobsOut,
     row_from_assignment,
     to_delta,
 )
@@ -60,8 +59,7 @@ class StoreActivities:
             self.snapshot_nodes,
             self.snapshot_assignments,
             self.job_changes,
-            self.put_job,
-            self.delete_job,
+            self.write_jobs,
             self.persist,
             self.watch,
             self.read_reports,
@@ -89,13 +87,17 @@ class StoreActivities:
     def job_changes(self, req: JobChangesIn) -> JobPage:
         return self.store.job_changes(req.cluster, req.since, req.limit)
 
-    @activity.defn(name=ACT_PUT_JOB)
-    def put_job(self, req: PutJobIn) -> int:
-        return self.store.put_job(req.cluster, req.job)
-
-    @activity.defn(name=ACT_DELETE_JOB)
-    def delete_job(self, req: DeleteJobIn) -> int | None:
-        return self.store.delete_job(req.cluster, req.job_id)
+    @activity.defn(name=ACT_WRITE_JOBS)
+    def write_jobs(self, req: WriteJobsIn) -> WriteJobsOut:
+        revision = self.store.put_jobs(req.cluster, req.put)
+        missing = []
+        for job_id in req.delete:
+            rev = self.store.delete_job(req.cluster, job_id)
+            if rev is None:
+                missing.append(job_id)
+            else:
+                revision = max(revision, rev)
+        return WriteJobsOut(revision=revision, missing=missing)
 
     @activity.defn(name=ACT_PERSIST)
     def persist(self, req: PersistIn) -> ApplyResult:

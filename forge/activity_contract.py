@@ -16,31 +16,30 @@ from forge.models import Assignment, AssignmentStatus, Job, Node
 from forge.stores.base import Delta
 
 __all__ = [
-    "ACT_DELETE_JOB",
     "ACT_FENCE",
     "ACT_JOB_CHANGES",
     "ACT_METRICS",
     "ACT_PERSIST",
-    "ACT_PUT_JOB",
     "ACT_READ_REPORTS",
     "ACT_SNAPSHOT_ASSIGNMENTS",
     "ACT_SNAPSHOT_NODES",
     "ACT_WATCH",
+    "ACT_WRITE_JOBS",
     "AssignmentRows",
     "BindRow",
     "ClusterRef",
-    "DeleteJobIn",
     "JobChangesIn",
     "MetricsIn",
     "MetricsOut",
     "NodesPage",
     "PageIn",
     "PersistIn",
-    "PutJobIn",
     "ReportsIn",
     "ReportsOut",
     "WatchIn",
     "WatchOut",
+    "WriteJobsIn",
+    "WriteJobsOut",
     "assignment_from_row",
     "row_from_assignment",
     "to_delta",
@@ -50,8 +49,7 @@ ACT_FENCE = "forge.fence"
 ACT_SNAPSHOT_NODES = "forge.snapshot_nodes"
 ACT_SNAPSHOT_ASSIGNMENTS = "forge.snapshot_assignments"
 ACT_JOB_CHANGES = "forge.job_changes"
-ACT_PUT_JOB = "forge.put_job"
-ACT_DELETE_JOB = "forge.delete_job"
+ACT_WRITE_JOBS = "forge.write_jobs"
 ACT_PERSIST = "forge.persist"
 ACT_WATCH = "forge.watch"
 ACT_READ_REPORTS = "forge.read_reports"
@@ -91,14 +89,18 @@ class JobChangesIn(_Msg):
     limit: int = 500
 
 
-class PutJobIn(_Msg):
+class WriteJobsIn(_Msg):
+    """Job writes queued by updates (submit, scale, stop) and the autoscaler since
+    the last pass, written in one transaction: one activity per pass, not per job."""
+
     cluster: str
-    job: Job
+    put: list[Job] = Field(default_factory=list)
+    delete: list[str] = Field(default_factory=list)
 
 
-class DeleteJobIn(_Msg):
-    cluster: str
-    job_id: str
+class WriteJobsOut(_Msg):
+    revision: int
+    missing: list[str] = Field(default_factory=list, description="deletes of unknown jobs")
 
 
 class PersistIn(_Msg):

@@ -84,7 +84,10 @@ class ClusterWorkflow:
         self.jobs: dict[str, Job] = {}
         self.jobs_revision = 0
         self.known_revision = 0
-        self.planned_revision = 0
+        self.job_queue: dict[str, Job | None] = {}
+        self.ticket = 0
+        self.written_ticket = 0
+        self.planned_ticket = 0
         self.bindings: dict[str, Binding] = {}
         self.pending: dict[str, PendingEntry] = dict(cp.pending) if cp else {}
         self.failures: dict[str, FailureHistory] = dict(cp.failures) if cp else {}
@@ -113,7 +116,7 @@ class ClusterWorkflow:
         await self._bootstrap()
         self.ready = True
         while True:
-            if self.dirty or self.inbox or self._watch_done():
+            if self.dirty or self.inbox or self.job_queue or self._watch_done():
                 await self._pass()
                 continue
             if self._continue_as_new_now():
@@ -216,6 +219,10 @@ class ClusterWorkflow:
             self.jobs = {}
             self.jobs_revision = 0
             self.last_resync = now
+        written = self.written_ticket
+        if self.job_queue:
+            await self._write_jobs()
+            written = self.written_ticket
         if self.known_revision > self.jobs_revision or not self.jobs_revision:
             await self._load_jobs()
         if self.known_reports_seq > self.reports_seq:
@@ -271,7 +278,7 @@ class ClusterWorkflow:
         self.failed = {}
         self._status_updates = {}
         self.capacity_changed = False
-        self.planned_revision = self.jobs_revision
+        self.planned_ticket = written
         self.passes += 1
         self.replay_cost += plan.desired + len(plan.released)
         self.last_pass_at = now
@@ -340,6 +347,22 @@ class ClusterWorkflow:
         changed = existing.model_copy(update={"state": state})
         self.nodes[node_id] = changed
         upsert[node_id] = changed
+
+    async def _write_jobs(self) -> None:
+        queue, self.job_queue = self.job_queue, {}
+        ticket = self.ticket
+        out: ac.WriteJobsOut = await self._act(
+            ac.ACT_WRITE_JOBS,
+            ac.WriteJobsIn(
+                cluster=self.cluster,
+                put=[j for j in queue.values() if j is not None],
+                delete=[i for i, j in queue.items() if j is None],
+            ),
+            ac.WriteJobsOut,
+            summary=f"store {len(queue)} job changes",
+        )
+        self.known_revision = max(self.known_revision, out.revision)
+        self.written_ticket = ticket
 
     async def _load_jobs(self) -> None:
         while True:
@@ -415,12 +438,7 @@ class ClusterWorkflow:
             if d.changed:
                 workflow.logger.info("autoscale %s: %s", key, d.reason)
                 new_job = self.jobs[job.id].with_desired(gname, d.desired)
-                await self._act(
-                    ac.ACT_PUT_JOB,
-                    ac.PutJobIn(cluster=self.cluster, job=new_job),
-                    int,
-                    summary=f"autoscale {key}: {d.reason}",
-                )
+                self._queue_job(job.id, new_job)
                 self.jobs[job.id] = new_job
 
     # -- watch --------------------------------------------------------------------------
@@ -536,41 +554,30 @@ class ClusterWorkflow:
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
     async def submit_job(self, req: c.SubmitJob) -> c.JobResult:
         await workflow.wait_condition(lambda: self.ready)
-        rev: int = await self._act(
-            ac.ACT_PUT_JOB,
-            ac.PutJobIn(cluster=self.cluster, job=req.job),
-            int,
-            summary=f"store job {req.job.id}",
-        )
-        return await self._settle(req.job.id, rev, wait=req.wait)
+        ticket = self._queue_job(req.job.id, req.job)
+        return await self._settle(req.job.id, ticket, wait=req.wait)
 
     @submit_job.validator
     def _validate_submit(self, req: c.SubmitJob) -> None:
-        # the payload already passed the models' validation; nothing else to check
-        # that the store would not accept, so jobs can be submitted before nodes exist
+        # The payload already passed the models' validation (a bad spec never gets
+        # here). Jobs may arrive before any node: they wait, pending, with reasons.
         if not req.job.groups:
             raise ValueError("job has no groups")
 
     @workflow.update(name=c.UPDATE_SCALE)
     async def scale(self, req: c.ScaleGroup) -> c.JobResult:
         await workflow.wait_condition(lambda: self.ready)
-        job = self.jobs.get(req.job_id)
+        job = self._current_job(req.job_id)
         if job is None or job.group(req.group) is None:
             raise ApplicationError(f"no group {req.job_id}/{req.group}", type="InvalidInput")
-        new = job.with_desired(req.group, req.count)
-        rev: int = await self._act(
-            ac.ACT_PUT_JOB,
-            ac.PutJobIn(cluster=self.cluster, job=new),
-            int,
-            summary=f"scale {req.job_id}/{req.group} to {req.count}",
-        )
-        return await self._settle(req.job_id, rev, wait=True)
+        ticket = self._queue_job(req.job_id, job.with_desired(req.group, req.count))
+        return await self._settle(req.job_id, ticket, wait=True)
 
     @scale.validator
     def _validate_scale(self, req: c.ScaleGroup) -> None:
         if not self.ready:
             return  # checked again by the handler once the state is loaded
-        job = self.jobs.get(req.job_id)
+        job = self._current_job(req.job_id)
         if job is None:
             raise ValueError(f"unknown job {req.job_id!r}")
         if job.group(req.group) is None:
@@ -579,19 +586,14 @@ class ClusterWorkflow:
     @workflow.update(name=c.UPDATE_STOP_JOB)
     async def stop_job(self, req: c.StopJob) -> c.JobResult:
         await workflow.wait_condition(lambda: self.ready)
-        rev: int | None = await self._act(
-            ac.ACT_DELETE_JOB,
-            ac.DeleteJobIn(cluster=self.cluster, job_id=req.job_id),
-            int | None,
-            summary=f"stop job {req.job_id}",
-        )
-        if rev is None:
+        if self._current_job(req.job_id) is None:
             raise ApplicationError(f"unknown job {req.job_id!r}", type="InvalidInput")
-        return await self._settle(req.job_id, rev, wait=True)
+        ticket = self._queue_job(req.job_id, None)
+        return await self._settle(req.job_id, ticket, wait=True)
 
     @stop_job.validator
     def _validate_stop(self, req: c.StopJob) -> None:
-        if self.ready and req.job_id not in self.jobs:
+        if self.ready and self._current_job(req.job_id) is None:
             raise ValueError(f"unknown job {req.job_id!r}")
 
     @workflow.update(name=c.UPDATE_DRAIN_NODE)
@@ -635,11 +637,27 @@ class ClusterWorkflow:
             shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             raise ValueError(f"not bound: {shown}")
 
-    async def _settle(self, job_id: str, revision: int, *, wait: bool) -> c.JobResult:
-        self.known_revision = max(self.known_revision, revision)
+    def _current_job(self, job_id: str) -> Job | None:
+        """The job as it will be after the queued writes."""
+        if job_id in self.job_queue:
+            return self.job_queue[job_id]
+        return self.jobs.get(job_id)
+
+    def _queue_job(self, job_id: str, job: Job | None) -> int:
+        """Queue a job write (None deletes) for the next pass; returns its ticket.
+        The pass writes the whole queue with one activity, so a burst of
+        submissions costs one store round trip, not one per job."""
+        self.job_queue.pop(job_id, None)  # keep arrival order of the latest write
+        self.job_queue[job_id] = job
+        self.ticket += 1
         self.dirty = True
+        return self.ticket
+
+    async def _settle(self, job_id: str, ticket: int, *, wait: bool) -> c.JobResult:
         if wait:
-            await workflow.wait_condition(lambda: self.planned_revision >= revision)
+            await workflow.wait_condition(lambda: self.planned_ticket >= ticket)
+        else:
+            await workflow.wait_condition(lambda: self.written_ticket >= ticket)
         job = self.jobs.get(job_id)
         desired = bound = 0
         if job is not None:
@@ -648,13 +666,18 @@ class ClusterWorkflow:
                     desired += 1
                     bound += workload_id(job.id, g.name, i) in self.bindings
         return c.JobResult(
-            job_id=job_id, revision=revision, desired=desired, bound=bound, pending=desired - bound
+            job_id=job_id,
+            revision=self.jobs_revision,
+            desired=desired,
+            bound=bound,
+            pending=desired - bound,
         )
 
     # -- queries ------------------------------------------------------------------------
     @workflow.query(name=c.QUERY_STATUS)
     def status(self) -> c.StatusView:
         cluster = self._allocations()
+        counts = Counter(b.node for b in self.bindings.values())
         nodes = [
             c.NodeView(
                 id=a.id,
@@ -664,7 +687,7 @@ class ClusterWorkflow:
                 gpus=c.GpuView(total=len(a.node.gpus), allocated=a.gpus_used),
                 replicas=per_node,
             )
-            for a, per_node in ((a, self._count_on(a.id)) for a in cluster.nodes)
+            for a, per_node in ((a, counts.get(a.id, 0)) for a in cluster.nodes)
         ]
         pending = [
             c.PendingView(
@@ -741,9 +764,6 @@ class ClusterWorkflow:
             if a is not None:
                 a.hold(b)
         return cluster
-
-    def _count_on(self, node_id: str) -> int:
-        return sum(1 for b in self.bindings.values() if b.node == node_id)
 
     def _summary(self) -> c.Summary:
         desired = sum(g.scaling.desired for j in self.jobs.values() for g in j.groups)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -175,6 +175,11 @@ class Store(Protocol):
     # -- jobs: intent, with a monotonically increasing per-cluster revision --------
     def put_job(self, cluster: str, job: Job) -> int:
         """Insert or replace a job; returns the new revision."""
+        ...
+
+    def put_jobs(self, cluster: str, jobs: Sequence[Job]) -> int:
+        """Insert or replace many jobs in one transaction, each with its own
+        revision (in order); returns the last. Empty: the current revision."""
         ...
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:

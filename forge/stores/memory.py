@@ -9,6 +9,7 @@ their transactions. Models are frozen, so handing out the stored instances is sa
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from forge.models import Assignment, Job, Node, NodeState
@@ -72,10 +73,14 @@ class MemoryStore:
 
     # -- jobs ----------------------------------------------------------------------
     def put_job(self, cluster: str, job: Job) -> int:
+        return self.put_jobs(cluster, [job])
+
+    def put_jobs(self, cluster: str, jobs: Sequence[Job]) -> int:
         with self._lock:
             c = self._cluster(cluster)
-            c.revision += 1
-            c.jobs[job.id] = (c.revision, job)
+            for job in jobs:
+                c.revision += 1
+                c.jobs[job.id] = (c.revision, job)
             return c.revision
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:

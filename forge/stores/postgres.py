@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -214,21 +214,28 @@ class PostgresStore:
 
     # -- jobs ----------------------------------------------------------------------
     def put_job(self, cluster: str, job: Job) -> int:
+        return self.put_jobs(cluster, [job])
+
+    def put_jobs(self, cluster: str, jobs: Sequence[Job]) -> int:
+        if not jobs:
+            return self.revision(cluster)
+        n = len(jobs)
         with self._tx() as cur:
             cur.execute(
-                "INSERT INTO clusters (cluster, revision) VALUES (%s, 1)"
-                " ON CONFLICT (cluster) DO UPDATE SET revision = clusters.revision + 1"
+                "INSERT INTO clusters (cluster, revision) VALUES (%s, %s)"
+                " ON CONFLICT (cluster) DO UPDATE SET revision = clusters.revision + %s"
                 " RETURNING revision",
-                (cluster,),
+                (cluster, n, n),
             )
-            revision = _scalar(cur)
-            cur.execute(
+            last = _scalar(cur)
+            first = last - n + 1
+            cur.executemany(
                 "INSERT INTO jobs (cluster, job_id, revision, spec)"
                 " VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (cluster, job_id)"
                 " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
-                (cluster, job.id, revision, job.model_dump_json()),
+                [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
             )
-        return revision
+        return last
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:
         with self._tx() as cur:

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -200,15 +200,21 @@ class SqliteStore:
 
     # -- jobs ----------------------------------------------------------------------
     def put_job(self, cluster: str, job: Job) -> int:
+        return self.put_jobs(cluster, [job])
+
+    def put_jobs(self, cluster: str, jobs: Sequence[Job]) -> int:
+        if not jobs:
+            return self.revision(cluster)
         with self._write() as db:
-            revision = self._bump(db, cluster, "revision", 1)
-            db.execute(
+            last = self._bump(db, cluster, "revision", len(jobs))
+            first = last - len(jobs) + 1
+            db.executemany(
                 "INSERT INTO jobs (cluster, job_id, revision, spec) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (cluster, job_id)"
                 " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
-                (cluster, job.id, revision, job.model_dump_json()),
+                [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
             )
-        return revision
+        return last
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:
         with self._write() as db:

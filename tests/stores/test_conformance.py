@@ -667,3 +667,24 @@ def test_parse_postgres_url_turns_schema_into_a_search_path() -> None:
     assert parse_postgres_url("postgres://u@h/db") == ("postgres://u@h/db", None)
     with pytest.raises(ValueError, match="schema"):
         parse_postgres_url("postgresql://u@h/db?schema=bad;drop")
+
+
+def test_put_jobs_writes_a_batch_with_one_revision_each(store: Store) -> None:
+    jobs = [
+        Job.model_validate(
+            {
+                "name": f"j{i}",
+                "groups": [
+                    {"name": "g", "tasks": [{"name": "t", "resources": {"cpu": 1, "memory": 1}}]}
+                ],
+            }
+        )
+        for i in range(5)
+    ]
+    before = store.revision("batch")
+    last = store.put_jobs("batch", jobs)
+    assert last == before + 5 == store.revision("batch")
+    page = store.job_changes("batch", before)
+    assert [c.job_id for c in page.changes] == [f"j{i}" for i in range(5)]
+    assert [c.revision for c in page.changes] == list(range(before + 1, last + 1))
+    assert store.put_jobs("batch", []) == last

@@ -8,9 +8,12 @@ ordinary exception and the workflow's retry policy tries again.
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -44,7 +47,38 @@ from forge.activity_contract import (
 )
 from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, StoreError
 
-__all__ = ["StoreActivities"]
+__all__ = ["HEARTBEAT_EVERY", "StoreActivities", "heartbeating"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: How often a running store activity tells the server it is alive. The workflow's
+#: heartbeat timeout is a few times this, so a killed worker's activity is retried
+#: elsewhere within seconds instead of after its whole start-to-close timeout.
+HEARTBEAT_EVERY = 0.5
+
+
+def heartbeating(fn: Callable[P, R]) -> Callable[P, R]:
+    """Heartbeat from a side thread while a blocking store call runs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        ctx = contextvars.copy_context()  # the activity context lives in a contextvar
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_EVERY):
+                ctx.run(activity.heartbeat)
+
+        thread = threading.Thread(target=beat, name="forge-heartbeat", daemon=True)
+        thread.start()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stop.set()
+            thread.join()
+
+    return wrapper
 
 
 class StoreActivities:
@@ -67,27 +101,32 @@ class StoreActivities:
         ]
 
     @activity.defn(name=ACT_FENCE)
+    @heartbeating
     def fence(self, ref: ClusterRef) -> list[int] | None:
         f = self.store.fence(ref.cluster)
         return None if f is None else [f.generation, f.pass_no]
 
     @activity.defn(name=ACT_SNAPSHOT_NODES)
+    @heartbeating
     def snapshot_nodes(self, page: PageIn) -> NodesPage:
         nodes = self.store.nodes(page.cluster, page.after, page.limit)
         nxt = nodes[-1].id if len(nodes) == page.limit else None
         return NodesPage(nodes=nodes, next_after=nxt)
 
     @activity.defn(name=ACT_SNAPSHOT_ASSIGNMENTS)
+    @heartbeating
     def snapshot_assignments(self, page: PageIn) -> AssignmentRows:
         rows = self.store.assignments(page.cluster, page.after, page.limit)
         nxt = rows[-1].workload_id if len(rows) == page.limit else None
         return AssignmentRows(rows=[row_from_assignment(a) for a in rows], next_after=nxt)
 
     @activity.defn(name=ACT_JOB_CHANGES)
+    @heartbeating
     def job_changes(self, req: JobChangesIn) -> JobPage:
         return self.store.job_changes(req.cluster, req.since, req.limit)
 
     @activity.defn(name=ACT_WRITE_JOBS)
+    @heartbeating
     def write_jobs(self, req: WriteJobsIn) -> WriteJobsOut:
         revision = self.store.put_jobs(req.cluster, req.put)
         missing = []
@@ -100,6 +139,7 @@ class StoreActivities:
         return WriteJobsOut(revision=revision, missing=missing)
 
     @activity.defn(name=ACT_PERSIST)
+    @heartbeating
     def persist(self, req: PersistIn) -> ApplyResult:
         try:
             delta = to_delta(req, validate=True)
@@ -143,6 +183,7 @@ class StoreActivities:
             time.sleep(req.poll)
 
     @activity.defn(name=ACT_READ_REPORTS)
+    @heartbeating
     def read_reports(self, req: ReportsIn) -> ReportsOut:
         reports = self.store.reports_since(req.cluster, req.seq, req.limit)
         latest: dict[str, str] = {}
@@ -152,6 +193,7 @@ class StoreActivities:
         return ReportsOut(statuses=sorted(latest.items()), last_seq=last)
 
     @activity.defn(name=ACT_METRICS)
+    @heartbeating
     def metrics(self, req: MetricsIn) -> MetricsOut:
         usage = self.store.group_usage(req.cluster, time.time() - req.window)
         return MetricsOut(usage={g: usage[g] for g in req.groups if g in usage})

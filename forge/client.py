@@ -7,7 +7,8 @@ is not running yet, the same call starts it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from forge import contract as c
 from forge.models import Job, Node
@@ -54,6 +55,16 @@ _SA_TYPES = {
 }
 
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
+
+#: Temporal admits few updates in flight per workflow (10 by default). The client
+#: keeps below that and retries, with backoff, the rare refusal that still comes
+#: when other clients share the workflow.
+MAX_UPDATES_IN_FLIGHT = 8
+_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 5.0, 5.0, 5.0, 5.0)
+
+
+def _busy(err: RPCError) -> bool:
+    return err.status == RPCStatusCode.RESOURCE_EXHAUSTED or "in-flight" in str(err)
 
 
 class ForgeError(Exception):
@@ -102,6 +113,9 @@ class ForgeClient:
     ) -> None:
         self.client = client
         self.search_attributes = search_attributes
+        self._in_flight: asyncio.Semaphore | None = None
+        self._running = False  # seen running: plain updates, no update-with-start
+        self._starting: asyncio.Lock | None = None
         self.cluster = cluster
         self.task_queue = task_queue
         self.options = options or c.ClusterOptions()
@@ -181,6 +195,24 @@ class ForgeClient:
     async def submit_job(self, job: Job, *, wait: bool = True) -> c.JobResult:
         """Store the job and plan it; starts the cluster workflow if needed."""
         req = c.SubmitJob(job=job, wait=wait)
+        if not self._running:
+            # one caller starts the workflow; concurrent callers wait and then update
+            if self._starting is None:
+                self._starting = asyncio.Lock()
+            async with self._starting:
+                if not self._running:
+                    return await self._submit_with_start(req)
+        if self._running:
+            try:
+                result: c.JobResult = await self._update(c.UPDATE_SUBMIT_JOB, req, c.JobResult)
+                return result
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                self._running = False  # the workflow ended: start it again
+        return await self._submit_with_start(req)
+
+    async def _submit_with_start(self, req: c.SubmitJob) -> c.JobResult:
         for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
             op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
                 c.WORKFLOW_TYPE,
@@ -189,12 +221,15 @@ class ForgeClient:
                 **self._start_kwargs(with_attrs),
             )
             try:
-                result: c.JobResult = await self.client.execute_update_with_start_workflow(
-                    c.UPDATE_SUBMIT_JOB,
-                    req,
-                    start_workflow_operation=op,
-                    result_type=c.JobResult,
+                result: c.JobResult = await self._admitted(
+                    lambda op=op: self.client.execute_update_with_start_workflow(  # type: ignore[misc]
+                        c.UPDATE_SUBMIT_JOB,
+                        req,
+                        start_workflow_operation=op,
+                        result_type=c.JobResult,
+                    )
                 )
+                self._running = True
                 return result
             except WorkflowUpdateFailedError as err:
                 raise _refused(err) from err
@@ -203,6 +238,25 @@ class ForgeClient:
                     continue
                 raise
         raise AssertionError("unreachable")
+
+    async def submit_jobs(self, jobs: Sequence[Job], *, wait: bool = False) -> list[c.JobResult]:
+        """Submit many jobs in batches of ``MAX_JOBS_PER_UPDATE`` (few round trips)."""
+        if not jobs:
+            return []
+        first = await self.submit_job(jobs[0], wait=wait)  # starts the workflow if needed
+        batches = [
+            list(jobs[i : i + c.MAX_JOBS_PER_UPDATE])
+            for i in range(1, len(jobs), c.MAX_JOBS_PER_UPDATE)
+        ]
+
+        async def one(batch: list[Job]) -> list[c.JobResult]:
+            res: list[c.JobResult] = await self._update(
+                c.UPDATE_SUBMIT_JOBS, c.SubmitJobs(jobs=batch, wait=wait), list[c.JobResult]
+            )
+            return res
+
+        results = await asyncio.gather(*(one(b) for b in batches))
+        return [first, *(r for part in results for r in part)]
 
     async def scale(self, job_id: str, group: str, count: int) -> c.JobResult:
         req = c.ScaleGroup(job_id=job_id, group=group, count=count)
@@ -254,11 +308,27 @@ class ForgeClient:
         return res
 
     # -- helpers ------------------------------------------------------------------------
-    async def _update(self, name: str, arg: Any, result_type: type) -> Any:
+    async def _update(self, name: str, arg: Any, result_type: Any) -> Any:
         try:
-            return await self.handle().execute_update(name, arg, result_type=result_type)
+            return await self._admitted(
+                lambda: self.handle().execute_update(name, arg, result_type=result_type)
+            )
         except WorkflowUpdateFailedError as err:
             raise _refused(err) from err
+
+    async def _admitted(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run an update call within the in-flight budget, retrying when busy."""
+        if self._in_flight is None:
+            self._in_flight = asyncio.Semaphore(MAX_UPDATES_IN_FLIGHT)
+        async with self._in_flight:
+            for delay in (*_RETRY_DELAYS, None):
+                try:
+                    return await call()
+                except RPCError as err:
+                    if delay is None or not _busy(err):
+                        raise
+                    await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
 
 def _refused(err: WorkflowUpdateFailedError) -> ForgeError:

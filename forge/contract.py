@@ -17,6 +17,7 @@ from forge.models import MAX_REPLICAS, Job, Name, Node
 from forge.reconcile import FailureHistory, PendingEntry, ReconcileOptions
 
 __all__ = [
+    "MAX_JOBS_PER_UPDATE",
     "MAX_NODES_PER_SIGNAL",
     "MAX_WORKLOADS_PER_UPDATE",
     "QUERY_ASSIGNMENTS",
@@ -35,6 +36,7 @@ __all__ = [
     "UPDATE_SCALE",
     "UPDATE_STOP_JOB",
     "UPDATE_SUBMIT_JOB",
+    "UPDATE_SUBMIT_JOBS",
     "WORKFLOW_TYPE",
     "AssignmentView",
     "AssignmentsPage",
@@ -56,6 +58,7 @@ __all__ = [
     "StatusView",
     "StopJob",
     "SubmitJob",
+    "SubmitJobs",
     "Summary",
     "workflow_id",
 ]
@@ -68,6 +71,7 @@ SIGNAL_REMOVE_NODE = "remove_node"
 SIGNAL_NODE_LOST = "node_lost"
 
 UPDATE_SUBMIT_JOB = "submit_job"
+UPDATE_SUBMIT_JOBS = "submit_jobs"
 UPDATE_SCALE = "scale"
 UPDATE_STOP_JOB = "stop_job"
 UPDATE_DRAIN_NODE = "drain_node"
@@ -88,6 +92,9 @@ SA_NODES = "ForgeNodes"
 #: the payload limit); the client batches larger registrations.
 MAX_NODES_PER_SIGNAL = 500
 MAX_WORKLOADS_PER_UPDATE = 1000
+#: Jobs per `submit_jobs` update: a batch of small specs stays far below the 2 MiB
+#: payload limit, and bulk loads need few round trips.
+MAX_JOBS_PER_UPDATE = 200
 
 
 def workflow_id(cluster: str) -> str:
@@ -167,7 +174,15 @@ class NodeRef(_Msg):
 
 class SubmitJob(_Msg):
     job: Job
-    wait: bool = Field(default=True, description="return after the pass that planned it")
+    wait: bool = Field(
+        default=True,
+        description="return after the pass that planned it; False: once accepted (durable)",
+    )
+
+
+class SubmitJobs(_Msg):
+    jobs: list[Job] = Field(min_length=1, max_length=MAX_JOBS_PER_UPDATE)
+    wait: bool = False
 
 
 class ScaleGroup(_Msg):

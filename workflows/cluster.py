@@ -53,7 +53,7 @@ STORE_RETRY = RetryPolicy(
 STORE_TIMEOUT = timedelta(seconds=60)
 # A worker killed mid-activity is noticed after this long (not after the whole
 # start-to-close timeout), which is what bounds crash recovery.
-STORE_HEARTBEAT = timedelta(seconds=4)
+STORE_HEARTBEAT = timedelta(seconds=2)
 
 SA_CLUSTER = SearchAttributeKey.for_keyword(c.SA_CLUSTER)
 SA_PENDING = SearchAttributeKey.for_int(c.SA_PENDING)
@@ -564,6 +564,23 @@ class ClusterWorkflow:
         if not req.job.groups:
             raise ValueError("job has no groups")
 
+    @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
+    async def submit_jobs(self, req: c.SubmitJobs) -> list[c.JobResult]:
+        await workflow.wait_condition(lambda: self.ready)
+        tickets = [self._queue_job(j.id, j) for j in req.jobs]
+        if req.wait:
+            await workflow.wait_condition(lambda: self.planned_ticket >= tickets[-1])
+        return [
+            await self._settle(j.id, t, wait=False) for j, t in zip(req.jobs, tickets, strict=True)
+        ]
+
+    @submit_jobs.validator
+    def _validate_submit_jobs(self, req: c.SubmitJobs) -> None:
+        ids = [j.id for j in req.jobs]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
+
     @workflow.update(name=c.UPDATE_SCALE)
     async def scale(self, req: c.ScaleGroup) -> c.JobResult:
         await workflow.wait_condition(lambda: self.ready)
@@ -654,10 +671,11 @@ class ClusterWorkflow:
         return self.ticket
 
     async def _settle(self, job_id: str, ticket: int, *, wait: bool) -> c.JobResult:
+        # Without wait, the update completes once queued: it is durable already (its
+        # acceptance is in history; a worker that replays it queues it again), so a
+        # burst of submissions is not throttled by Temporal's in-flight update limit.
         if wait:
             await workflow.wait_condition(lambda: self.planned_ticket >= ticket)
-        else:
-            await workflow.wait_condition(lambda: self.written_ticket >= ticket)
         job = self.jobs.get(job_id)
         desired = bound = 0
         if job is not None:

@@ -1,0 +1,584 @@
+"""End-to-end benchmark: the real loop on the embedded dev server.
+
+    python -m bench.e2e                      # the full table (about 5 minutes)
+    python -m bench.e2e --quick              # small sizes, a smoke run
+
+Each scenario runs a real `python worker.py` process against `temporal server
+start-dev` (from the pip-installed binary) with an SQLite store, drives it
+through :class:`forge.client.ForgeClient`, and checks the invariants at the end
+(no replica bound twice, no node over capacity, store == workflow state): the
+benchmark fails loudly (exit 1) if any is violated.
+
+Figures are medians where a scenario repeats; the machine is shared and noisy,
+so read ratios and orders of magnitude, not the last digit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client
+
+from forge import contract as c
+from forge.client import ForgeClient, ensure_search_attributes
+from forge.codec import data_converter
+from forge.invariants import violations
+from forge.models import Job, Node
+from forge.stores import SqliteStore
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+TARGETS = {
+    "cold 1000x10000": "<= 10 s",
+    "cold 5000x150000": "<= 60 s",
+    "largest payload": "<= 512 KiB",
+    "history per run": "<= 10 MiB",
+    "node loss": "<= 1 s",
+    "crash recovery": "<= 5 s",
+    "idle": "<= 100 events/h",
+}
+
+
+class BenchFailure(Exception):
+    pass
+
+
+# -- processes -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DevServer:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, workdir: Path) -> DevServer:
+        port = free_port()
+        cmd = [
+            str(BIN / "temporal"), "server", "start-dev", "--headless",
+            "--port", str(port), "--http-port", str(free_port()),
+            "--metrics-port", str(free_port()),
+            "--db-filename", str(workdir / "temporal.db"),
+            "--log-level", "error",
+        ]  # fmt: skip
+        log = (workdir / "temporal.log").open("wb")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        return cls(port, proc)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, address: str, queue: str, store: str, log: Path) -> WorkerProcess:
+        env = {
+            **os.environ,
+            "FORGE_TEMPORAL_ADDRESS": address,
+            "FORGE_TASK_QUEUE": queue,
+            "FORGE_STORE": store,
+            "FORGE_LOG_FORMAT": "json",
+        }
+        out = log.open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "worker.py")], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        return cls(proc)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+async def connect(address: str, deadline: float = 60.0) -> Client:
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return await Client.connect(address, data_converter=data_converter())
+        except RuntimeError:
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def poll(
+    probe: Callable[[], Awaitable[T]], pred: Callable[[T], bool], *, limit: float, every: float
+) -> T:
+    end = time.monotonic() + limit
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = await probe()
+            if pred(last):
+                return last
+        except Exception as err:  # between workers, a query may fail: try again
+            last = err
+        await asyncio.sleep(every)
+    raise BenchFailure(f"condition not met within {limit}s; last: {str(last)[:300]}")
+
+
+# -- workload ------------------------------------------------------------------------
+
+
+def make_nodes(n: int) -> list[Node]:
+    out = []
+    for i in range(n):
+        gpus = 8 if i % 5 == 0 else 0
+        out.append(
+            Node.model_validate(
+                {
+                    "id": f"node-{i:05d}",
+                    "cpu": 64000,
+                    "memory": 262144,
+                    "gpus": [{"id": f"gpu{k}", "model": "A100", "memory": 81920}
+                             for k in range(gpus)],
+                    "labels": {"zone": f"z{i % 3}"},
+                }
+            )
+        )  # fmt: skip
+    return out
+
+
+def make_jobs(replicas: int, jobs: int) -> list[Job]:
+    """``jobs`` jobs sharing ``replicas`` between them; a few shapes, some GPU."""
+    shapes = [(500, 1024, 0), (1000, 2048, 0), (250, 512, 0), (2000, 4096, 0)]
+    out = []
+    per = replicas // jobs
+    for j in range(jobs):
+        cpu, mem, gpu = (4000, 8192, 1) if j % 25 == 24 else shapes[j % len(shapes)]
+        count = per + (1 if j < replicas - per * jobs else 0)
+        out.append(
+            Job.model_validate(
+                {
+                    "name": f"job-{j:05d}",
+                    "priority": 1 + (j * 37) % 100,
+                    "groups": [
+                        {
+                            "name": "main",
+                            "scaling": {"min": 0, "max": count * 2, "desired": count},
+                            "tasks": [{"name": "t", "resources": {
+                                "cpu": cpu, "memory": mem, "gpu": {"count": gpu}}}],
+                        }
+                    ],
+                }
+            )
+        )  # fmt: skip
+    return out
+
+
+# -- history accounting ---------------------------------------------------------------
+
+
+def _payloads(msg: Message) -> Iterator[Payload]:
+    if isinstance(msg, Payload):
+        yield msg
+        return
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        if fd.is_repeated:
+            if fd.message_type.GetOptions().map_entry:
+                for v in value.values():
+                    if isinstance(v, Message):
+                        yield from _payloads(v)
+            else:
+                for v in value:
+                    yield from _payloads(v)
+        else:
+            yield from _payloads(value)
+
+
+@dataclass
+class HistoryStats:
+    runs: int = 0
+    events: list[int] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+    largest_payload: int = 0
+
+
+async def history_stats(client: Client, workflow_id: str) -> HistoryStats:
+    stats = HistoryStats()
+    run_id: str | None = (await client.get_workflow_handle(workflow_id).describe()).run_id
+    while run_id:
+        hist = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        stats.runs += 1
+        stats.events.append(len(hist.events))
+        stats.bytes.append(sum(e.ByteSize() for e in hist.events))
+        for e in hist.events:
+            for p in _payloads(e):
+                stats.largest_payload = max(stats.largest_payload, p.ByteSize())
+        first = hist.events[0].workflow_execution_started_event_attributes
+        run_id = first.continued_execution_run_id or None
+    return stats
+
+
+async def history_length(client: Client, workflow_id: str) -> tuple[str, int]:
+    d = await client.get_workflow_handle(workflow_id).describe()
+    return d.run_id or "", d.raw_description.workflow_execution_info.history_length
+
+
+# -- checks --------------------------------------------------------------------------
+
+
+async def check_invariants(fc: ForgeClient, store: SqliteStore, expect_bound: int) -> None:
+    shown = await fc.assignments(page=10_000)
+    stored = store.assignments(fc.cluster, limit=10_000_000)
+    problems = violations(store.nodes(fc.cluster, limit=1_000_000), stored)
+    ids = [a.workload_id for a in shown]
+    if len(ids) != len(set(ids)):
+        problems.append("the workflow reports a replica bound twice")
+    if {a.workload_id: a.node for a in shown} != {a.workload_id: a.node for a in stored}:
+        problems.append("store != workflow state")
+    if len(stored) != expect_bound:
+        problems.append(f"{len(stored)} bindings stored, expected {expect_bound}")
+    if problems:
+        raise BenchFailure("invariants violated: " + "; ".join(problems[:10]))
+
+
+# -- scenarios -----------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    server: DevServer
+    client: Client
+    work: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def worker(self, queue: str, db: Path) -> WorkerProcess:
+        w = WorkerProcess.start(
+            self.server.address, queue, f"sqlite:///{db}", self.work / f"{queue}.log"
+        )
+        self.workers.append(w)
+        return w
+
+
+def cluster_client(env: Env, name: str, queue: str, **opts: Any) -> ForgeClient:
+    return ForgeClient(env.client, cluster=name, task_queue=queue,
+                       options=c.ClusterOptions.model_validate(opts))  # fmt: skip
+
+
+async def submit_all(fc: ForgeClient, jobs: list[Job]) -> None:
+    await fc.submit_jobs(jobs)
+
+
+def stored_count(db: Path, cluster: str, node: str | None = None) -> int:
+    """Bindings persisted (read with plain SQL: cheap enough to poll at 150k)."""
+    with sqlite3.connect(db) as conn:
+        if node is None:
+            q = conn.execute("SELECT COUNT(*) FROM assignments WHERE cluster = ?", (cluster,))
+        else:
+            q = conn.execute(
+                "SELECT COUNT(*) FROM assignments WHERE cluster = ? AND node = ?", (cluster, node)
+            )
+        return int(q.fetchone()[0])
+
+
+async def converged(fc: ForgeClient, db: Path, n: int) -> bool:
+    s = await fc.status()
+    if s.summary.bound != n or s.summary.pending != 0:
+        return False
+    return stored_count(db, fc.cluster) == n
+
+
+async def cold_start(env: Env, nodes: int, replicas: int, jobs: int) -> dict[str, Any]:
+    name = f"cold-{nodes}-{replicas}"
+    db = env.work / f"{name}.db"
+    env.worker(name, db)
+    fc = cluster_client(env, name, name)
+    store = SqliteStore(db)
+    await fc.register_nodes(make_nodes(nodes))
+    await poll(fc.status, lambda s: s.summary.nodes == nodes, limit=120, every=0.2)
+    work = make_jobs(replicas, jobs)
+    t0 = time.perf_counter()
+    await submit_all(fc, work)
+    submitted = time.perf_counter() - t0
+    await poll(lambda: converged(fc, db, replicas), bool, limit=600, every=0.25)
+    seconds = time.perf_counter() - t0
+    await check_invariants(fc, store, replicas)
+    hist = await history_stats(env.client, fc.workflow_id)
+    store.close()
+    return {
+        "name": name, "seconds": seconds, "submit_seconds": submitted, "history": hist,
+    }  # fmt: skip
+
+
+async def node_loss(env: Env, repeat: int) -> dict[str, Any]:
+    name = "loss"
+    db = env.work / "loss.db"
+    env.worker(name, db)
+    fc = cluster_client(env, name, name)
+    store = SqliteStore(db)
+    n_nodes, n_rep = 1000, 10_000
+    await fc.register_nodes(make_nodes(n_nodes))
+    await submit_all(fc, make_jobs(n_rep, 1000))
+    await poll(lambda: converged(fc, db, n_rep), bool, limit=300, every=0.25)
+    times = []
+    for _ in range(repeat):
+        shown = await fc.assignments(page=10_000)
+        per: dict[str, int] = {}
+        for a in shown:
+            per[a.node] = per.get(a.node, 0) + 1
+        victim = max(sorted(per), key=lambda k: per[k])
+        moved = per[victim]
+        t0 = time.perf_counter()
+        await fc.node_lost(victim)
+
+        async def done(victim: str = victim) -> bool:
+            if stored_count(db, fc.cluster, victim):
+                return False
+            s = await fc.status()
+            return s.summary.bound == n_rep and s.summary.pending == 0
+
+        await poll(done, bool, limit=60, every=0.02)
+        times.append((time.perf_counter() - t0, moved))
+    await check_invariants(fc, store, n_rep)
+    store.close()
+    return {"seconds": statistics.median(t for t, _ in times),
+            "moved": statistics.median(m for _, m in times), "all": times}  # fmt: skip
+
+
+async def idle_cost(env: Env, window: float, watch_seconds: float) -> dict[str, Any]:
+    name = "idle"
+    db = env.work / "idle.db"
+    env.worker(name, db)
+    fc = cluster_client(env, name, name, watch_seconds=watch_seconds)
+    store = SqliteStore(db)
+    await fc.register_nodes(make_nodes(100))
+    await submit_all(fc, make_jobs(1000, 100))
+    await poll(lambda: converged(fc, db, 1000), bool, limit=120, every=0.25)
+    await asyncio.sleep(2.0)  # let the last pass's watch restart settle
+    run0, before = await history_length(env.client, fc.workflow_id)
+    await asyncio.sleep(window)  # the measurement itself: an idle cluster, left alone
+    run1, after = await history_length(env.client, fc.workflow_id)
+    if run0 != run1:
+        raise BenchFailure("continue-as-new during the idle window; lengthen nothing, rerun")
+    events = after - before
+    cycles = window / watch_seconds
+    per_cycle = events / cycles
+    default = c.ClusterOptions()
+    per_hour_default = per_cycle * 3600 / default.watch_seconds + 2 * 3600 / default.resync_seconds
+    store.close()
+    return {"events": events, "window": window, "watch_seconds": watch_seconds,
+            "per_cycle": per_cycle, "per_hour_measured": events * 3600 / window,
+            "per_hour_default": per_hour_default}  # fmt: skip
+
+
+async def crash_recovery(env: Env, repeat: int) -> dict[str, Any]:
+    times = []
+    for i in range(repeat):
+        name = f"crash{i}"
+        db = env.work / f"{name}.db"
+        first = env.worker(name, db)
+        fc = cluster_client(env, name, name)
+        store = SqliteStore(db)
+        await fc.register_nodes(make_nodes(1000))
+        await poll(fc.status, lambda s: s.summary.nodes == 1000, limit=120, every=0.1)
+        await submit_all(fc, make_jobs(10_000, 1000))
+        # kill as soon as the jobs are stored: the pass that places them is running
+        await poll(lambda: asyncio.sleep(0, store.revision(name)),  # noqa: B023
+                   lambda r: r >= 1000, limit=120, every=0.005)  # fmt: skip
+        first.kill9()
+        t0 = time.perf_counter()
+        env.worker(name, db)
+        await poll(lambda: converged(fc, db, 10_000), bool, limit=120, every=0.05)  # noqa: B023
+        times.append(time.perf_counter() - t0)
+        await check_invariants(fc, store, 10_000)
+        store.close()
+    return {"seconds": statistics.median(times), "all": times}
+
+
+async def submission(env: Env, n_jobs: int) -> dict[str, Any]:
+    name = "submit"
+    db = env.work / "submit.db"
+    env.worker(name, db)
+    fc = cluster_client(env, name, name)
+    store = SqliteStore(db)
+    await fc.register_nodes(make_nodes(200))
+    await fc.start()
+    work = make_jobs(n_jobs * 2, n_jobs * 2)
+    singles, batch = work[:n_jobs], work[n_jobs:]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(fc.submit_job(j, wait=False) for j in singles))
+    seconds = time.perf_counter() - t0
+    await poll(lambda: converged(fc, db, n_jobs), bool, limit=120, every=0.25)
+    total = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    await fc.submit_jobs(batch)
+    batch_seconds = time.perf_counter() - t1
+    await poll(lambda: converged(fc, db, 2 * n_jobs), bool, limit=120, every=0.25)
+    stored = len(store.list_jobs(name))
+    store.close()
+    if stored != 2 * n_jobs:
+        raise BenchFailure(f"{stored} jobs stored, expected {2 * n_jobs}")
+    return {"jobs": n_jobs, "seconds": seconds, "per_second": n_jobs / seconds,
+            "placed_seconds": total, "batch_per_second": n_jobs / batch_seconds}  # fmt: skip
+
+
+# -- report --------------------------------------------------------------------------
+
+
+def kib(n: float) -> str:
+    return f"{n / 1024:.0f} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:.2f} MiB"
+
+
+def report(results: dict[str, Any], command: str) -> str:
+    rows = []
+
+    def row(metric: str, measured: str, target: str = "", met: bool | None = None) -> None:
+        verdict = "" if met is None else ("met" if met else "MISSED")
+        rows.append((metric, measured, target, verdict))
+
+    largest = 0
+    worst_run = 0
+    for key, target_key in (("cold_small", "cold 1000x10000"), ("cold_large", "cold 5000x150000")):
+        r = results.get(key)
+        if r is None:
+            continue
+        limit = 10 if key == "cold_small" else 60
+        row(f"cold start {r['name'].removeprefix('cold-').replace('-', ' nodes / ')} replicas",
+            f"{r['seconds']:.1f} s (submission {r['submit_seconds']:.1f} s)",
+            TARGETS[target_key], r["seconds"] <= limit)  # fmt: skip
+        h: HistoryStats = r["history"]
+        row(
+            f"  history: runs (continue-as-new {h.runs - 1})",
+            f"events per run max {max(h.events)}, bytes per run max {kib(max(h.bytes))}",
+        )
+        largest = max(largest, h.largest_payload)
+        worst_run = max(worst_run, max(h.bytes))
+    if largest:
+        row("largest payload in history", kib(largest), TARGETS["largest payload"],
+            largest <= 512 * 1024)  # fmt: skip
+        row("largest run history", kib(worst_run), TARGETS["history per run"],
+            worst_run <= 10 * 1024 * 1024)  # fmt: skip
+    if "loss" in results:
+        r = results["loss"]
+        row("node-loss reaction 1000 / 10000 (median)",
+            f"{r['seconds'] * 1000:.0f} ms for {r['moved']:.0f} replicas", TARGETS["node loss"],
+            r["seconds"] <= 1.0)  # fmt: skip
+    if "crash" in results:
+        r = results["crash"]
+        row("crash recovery 1000 / 10000, kill -9 (median)", f"{r['seconds']:.1f} s",
+            TARGETS["crash recovery"], r["seconds"] <= 5.0)  # fmt: skip
+    if "idle" in results:
+        r = results["idle"]
+        row("idle cluster, history events per hour",
+            f"{r['per_hour_default']:.0f} at defaults ({r['events']} events in "
+            f"{r['window']:.0f} s with a {r['watch_seconds']:.0f} s watch)",
+            TARGETS["idle"], r["per_hour_default"] <= 100)  # fmt: skip
+    if "submit" in results:
+        r = results["submit"]
+        row(
+            f"job submission, {r['jobs']} concurrent submit_job calls",
+            f"{r['per_second']:.0f} jobs/s (all placed after {r['placed_seconds']:.1f} s)",
+        )
+        row(
+            f"job submission, {r['jobs']} via submit_jobs (batches of {c.MAX_JOBS_PER_UPDATE})",
+            f"{r['batch_per_second']:.0f} jobs/s",
+        )
+    widths = [max(len(r[i]) for r in [("metric", "measured", "target", ""), *rows])
+              for i in range(4)]  # fmt: skip
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(("metric", "measured", "target", ""),
+                                                            widths, strict=True)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]  # fmt: skip
+    for r in rows:
+        lines.append("| " + " | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + " |")
+    lines.append("")
+    lines.append(f"reproduce: {command}")
+    return "\n".join(lines)
+
+
+async def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
+    ap.add_argument("--skip", default="", help="comma list: cold_large,loss,crash,idle,submit")
+    ap.add_argument("--idle-window", type=float, default=120.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="also write the raw results here")
+    args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    work = Path(tempfile.mkdtemp(prefix="forge-bench-"))
+    server = DevServer.start(work)
+    results: dict[str, Any] = {}
+    try:
+        client = await connect(server.address)
+        await ensure_search_attributes(client, "default")
+        env = Env(server, client, work)
+        if args.quick:
+            results["cold_small"] = await cold_start(env, 100, 1000, 100)
+        else:
+            results["cold_small"] = await cold_start(env, 1000, 10_000, 1000)
+            if "cold_large" not in skip:
+                results["cold_large"] = await cold_start(env, 5000, 150_000, 1000)
+        if "loss" not in skip:
+            results["loss"] = await node_loss(env, args.repeat)
+        if "crash" not in skip:
+            results["crash"] = await crash_recovery(env, 1 if args.quick else args.repeat)
+        if "submit" not in skip:
+            results["submit"] = await submission(env, 100 if args.quick else 1000)
+        if "idle" not in skip:
+            window = 20.0 if args.quick else args.idle_window
+            results["idle"] = await idle_cost(env, window, watch_seconds=window / 4)
+    except BenchFailure as err:
+        print(f"BENCHMARK FAILED: {err}", file=sys.stderr)
+        return 1
+    finally:
+        for w in env.workers if "env" in locals() else []:
+            w.stop()
+        server.stop()
+    command = "python -m bench.e2e " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(report(results, command.strip()))
+    if args.json:
+        args.json.write_text(json.dumps(results, default=lambda o: o.__dict__, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -169,19 +169,61 @@ def reconcile(
     new_failures = dict(failures)
 
     # 1. release --------------------------------------------------------------------
+    # The hot loop of a large cluster (one iteration per binding): per-group and
+    # per-node facts are computed once, and the common case (a healthy binding on
+    # a ready node, no GPUs) touches a handful of attributes.
+    bound_per_group: dict[tuple[str, str], int] = {}
+    node_ok: dict[tuple[str, tuple[str, str]], bool] = {}
+    by_id = cluster.by_id
+    ready = NodeState.READY
+    failed_status = AssignmentStatus.FAILED
     for wid, b in bindings.items():
-        reason = _release_reason(b, groups, cluster, failed_set)
+        key = (b.job, b.group)
+        entry = groups.get(key)
+        alloc = by_id.get(b.node)
+        reason: str | None = None
+        if entry is None:
+            reason = "job stopped"
+        elif b.ordinal >= entry[1].scaling.desired:
+            reason = "scaled down"
+        elif alloc is None:
+            reason = "node removed"
+        elif alloc.node.state is not ready:
+            reason = "node lost" if alloc.node.state is NodeState.LOST else "node draining"
+        elif b.status is failed_status or wid in failed_set:
+            reason = "failed"
+        else:
+            req = entry[2]
+            if b.cpu != req.cpu or b.memory != req.memory or len(b.gpu_ids) != req.gpu:
+                reason = "spec changed"
+            elif entry[1].constraints or req.gpu_models or req.gpu_memory:
+                ok = node_ok.get((b.node, key))
+                if ok is None:
+                    ok = _still_fits_rules(alloc.node, entry[1], req, b.gpu_ids)
+                    if not b.gpu_ids:  # the answer depends on the devices otherwise
+                        node_ok[(b.node, key)] = ok
+                if not ok:
+                    reason = "constraints changed"
         if reason is None:
-            alloc = cluster.by_id[b.node]
-            if alloc.hold(b):
+            assert alloc is not None
+            if not b.gpu_ids:
+                cpu_used = alloc.cpu_used + b.cpu
+                mem_used = alloc.mem_used + b.memory
+                fits = cpu_used <= alloc.node.cpu and mem_used <= alloc.node.memory
+                if fits:
+                    alloc.cpu_used = cpu_used
+                    alloc.mem_used = mem_used
+            else:
+                fits = alloc.hold(b)
+            if fits:
                 plan.bindings[wid] = b
+                bound_per_group[key] = bound_per_group.get(key, 0) + 1
                 continue
             reason = "node capacity changed"
         plan.released.append((wid, reason))
         if reason == "failed":
             just_failed.add(wid)
             past = failures.get(wid, FailureHistory())
-            entry = groups.get((b.job, b.group))
             window = entry[1].reschedule.interval if entry else 0.0
             times = (*tuple(t for t in past.times if t > now - window), now)
             new_failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
@@ -194,13 +236,21 @@ def reconcile(
     # 2. place, in priority order ----------------------------------------------------
     ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
     placed_count = 0
+    deferred = PendingEntry(
+        kind="deferred",
+        not_before=now,
+        reasons=("deferred to the next pass (per-pass placement limit)",),
+    )
+    backoff_entries: dict[tuple[int, str], PendingEntry] = {}
     for job in ordered:
         for g in job.groups:
             req = groups[(job.id, g.name)][2]
             constraints = g.constraints
+            plan.desired += g.scaling.desired
+            if bound_per_group.get((job.id, g.name), 0) == g.scaling.desired:
+                continue  # all bound: nothing to place, nothing pending
             for ordinal in range(g.scaling.desired):
                 wid = workload_id(job.id, g.name, ordinal)
-                plan.desired += 1
                 if wid in plan.bindings:
                     continue
                 prev = pending.get(wid)
@@ -211,23 +261,22 @@ def reconcile(
                     continue
                 if placed_count >= options.max_placements:
                     plan.deferred += 1
-                    plan.pending[wid] = PendingEntry(
-                        kind="deferred",
-                        attempts=prev.attempts if prev else 0,
-                        not_before=now,
-                        reasons=("deferred to the next pass (per-pass placement limit)",),
-                    )
+                    plan.pending[wid] = deferred  # one shared instance: 100k of them are cheap
                     continue
                 avoid = hist.last_node if hist else None
                 choice = placer.place(req, constraints, avoid=avoid)
                 if choice is None:
                     attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-                    plan.pending[wid] = PendingEntry(
-                        kind="backoff",
-                        attempts=attempts,
-                        not_before=now + backoff_delay(attempts, options),
-                        reasons=(placer.why_not(req, constraints),),
-                    )
+                    why = placer.why_not(req, constraints)
+                    shared = backoff_entries.get((attempts, why))
+                    if shared is None:
+                        shared = backoff_entries[(attempts, why)] = PendingEntry(
+                            kind="backoff",
+                            attempts=attempts,
+                            not_before=now + backoff_delay(attempts, options),
+                            reasons=(why,),
+                        )
+                    plan.pending[wid] = shared
                     continue
                 b = Binding(
                     job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory
@@ -253,40 +302,20 @@ def reconcile(
     return plan
 
 
-def _release_reason(
-    b: Binding,
-    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
-    cluster: Cluster,
-    failed: set[str],
-) -> str | None:
-    entry = groups.get((b.job, b.group))
-    if entry is None:
-        return "job stopped"
-    _, g, req = entry
-    if b.ordinal >= g.scaling.desired:
-        return "scaled down"
-    node = cluster.by_id.get(b.node)
-    if node is None:
-        return "node removed"
-    if node.node.state is NodeState.LOST:
-        return "node lost"
-    if node.node.state is NodeState.DRAINING:
-        return "node draining"
-    if b.status is AssignmentStatus.FAILED or b.workload_id in failed:
-        return "failed"
-    if b.cpu != req.cpu or b.memory != req.memory or len(b.gpu_ids) != req.gpu:
-        return "spec changed"
-    if not all(c.matches(node.node.labels) for c in g.constraints):
-        return "constraints changed"
-    if req.gpu and (req.gpu_models or req.gpu_memory):
-        devices = {d.id: d for d in node.node.gpus}
-        for gid in b.gpu_ids:
+def _still_fits_rules(node: Node, g: TaskGroup, req: Request, gpu_ids: tuple[str, ...]) -> bool:
+    """Does a binding still satisfy its group's label constraints and GPU rules
+    (they may have changed since it was placed)?"""
+    if not all(c.matches(node.labels) for c in g.constraints):
+        return False
+    if gpu_ids and (req.gpu_models or req.gpu_memory):
+        devices = {d.id: d for d in node.gpus}
+        for gid in gpu_ids:
             d = devices.get(gid)
             if d is None or (req.gpu_models and d.model not in req.gpu_models):
-                return "spec changed"
+                return False
             if d.memory < req.gpu_memory:
-                return "spec changed"
-    return None
+                return False
+    return True
 
 
 def _waiting(

@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.models import AssignmentStatus, Job, Node, NodeState, workload_id
     from forge.placement import Binding, Cluster, explain_node
     from forge.reconcile import FailureHistory, PendingEntry, Plan, reconcile
-    from forge.stores.base import ApplyResult, JobPage, delta_digest
+    from forge.stores.base import ApplyResult, JobPage, rows_digest
 
 __all__ = ["ClusterWorkflow"]
 
@@ -292,7 +292,9 @@ class ClusterWorkflow:
         self._details()
 
     async def _persist(self, persist: ac.PersistIn, plan: Plan) -> bool:
-        expected = delta_digest(ac.to_delta(persist, validate=False))
+        expected = rows_digest(
+            persist.bind, persist.release, persist.nodes_upsert, persist.nodes_remove
+        )
         summary = (
             f"persist pass {persist.pass_no}: +{len(plan.placed)} "
             f"-{len(plan.released)} nodes {len(persist.nodes_upsert) + len(persist.nodes_remove)}"

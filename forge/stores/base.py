@@ -37,6 +37,7 @@ __all__ = [
     "delta_digest",
     "group_of",
     "mean_usage",
+    "rows_digest",
 ]
 
 
@@ -113,7 +114,31 @@ def delta_digest(delta: Delta) -> str:
     replay that rebuilt a different plan than the one persisted (a determinism bug)
     is detected instead of silently diverging from the store.
     """
-    body = json.dumps(delta.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    rows = [
+        (a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, str(a.status))
+        for a in delta.bind
+    ]
+    return rows_digest(rows, delta.release, delta.nodes_upsert, delta.nodes_remove)
+
+
+def rows_digest(
+    bind: Sequence[tuple[str, str, int, str, Sequence[str], int, int, str]],
+    release: Sequence[str],
+    nodes_upsert: Sequence[Node],
+    nodes_remove: Sequence[str],
+) -> str:
+    """The digest of a delta given as compact rows (what the workflow holds), so a
+    20,000-binding pass is hashed without building 20,000 models."""
+    body = json.dumps(
+        {
+            "bind": [[*r[:4], list(r[4]), *r[5:]] for r in bind],
+            "release": list(release),
+            "nodes_upsert": [n.model_dump(mode="json") for n in nodes_upsert],
+            "nodes_remove": list(nodes_remove),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import signal
 import sys
 from datetime import timedelta
@@ -108,7 +109,18 @@ def main() -> int:
             loop.add_signal_handler(sig, stop.set)
         await run_worker(settings, stop)
 
-    asyncio.run(_main())
+    try:
+        asyncio.run(_main())
+    except RuntimeError as err:
+        if not str(err).startswith("Failed client connect"):
+            raise
+        reason = str(err).splitlines()[0].rsplit(":", 1)[-1].strip(' "})')
+        print(f"forge: cannot connect to Temporal at {settings.address}: {reason}", file=sys.stderr)
+        return 1
+    finally:
+        # Collect the SDK's objects while the interpreter is whole: at exit they
+        # can crash it (temporalio/sdk-python#300).
+        gc.collect()
     return 0
 
 

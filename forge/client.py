@@ -8,6 +8,7 @@ is not running yet, the same call starts it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -231,9 +232,13 @@ class ForgeClient:
                 )
                 self._running = True
                 return result
-            except WorkflowUpdateFailedError as err:
-                raise _refused(err) from err
-            except RPCError as err:
+            except (WorkflowUpdateFailedError, RPCError) as err:
+                # the start half of a failed update-with-start holds an exception
+                # too: retrieve it, or asyncio reports it at exit
+                with contextlib.suppress(Exception):
+                    await op.workflow_handle()
+                if isinstance(err, WorkflowUpdateFailedError):
+                    raise _refused(err) from err
                 if with_attrs and "search attribute" in str(err).lower():
                     continue
                 raise

@@ -132,6 +132,9 @@ class ClusterOptions(_Msg):
         ge=1,
         description="continue-as-new after passes examined this many replicas",
     )
+    max_updates_per_run: int = Field(
+        default=1000, ge=1, description="continue-as-new after this many updates (server cap 2,000)"
+    )
     max_history_events: int = Field(default=20_000, ge=100)
     max_history_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     carry_backoff_limit: int = Field(default=10_000, ge=0)

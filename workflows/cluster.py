@@ -109,6 +109,7 @@ class ClusterWorkflow:
         # Replicas examined by this run's passes: a worker that takes the workflow
         # over replays every pass, so the run ends before replay gets slow.
         self.replay_cost = 0
+        self.updates = 0  # accepted in this run
 
     # -- the loop -----------------------------------------------------------------------
     @workflow.run
@@ -490,6 +491,8 @@ class ClusterWorkflow:
             return True
         if self.replay_cost >= self.opts.max_replay_cost:
             return True
+        if self.updates >= self.opts.max_updates_per_run:
+            return True  # the server refuses updates past 2,000 per run
         limit = self.opts.max_passes_per_run
         return bool(limit and self.passes >= limit)
 
@@ -555,6 +558,7 @@ class ClusterWorkflow:
     # -- updates ------------------------------------------------------------------------
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
     async def submit_job(self, req: c.SubmitJob) -> c.JobResult:
+        self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         ticket = self._queue_job(req.job.id, req.job)
         return await self._settle(req.job.id, ticket, wait=req.wait)
@@ -568,6 +572,7 @@ class ClusterWorkflow:
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
     async def submit_jobs(self, req: c.SubmitJobs) -> list[c.JobResult]:
+        self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         tickets = [self._queue_job(j.id, j) for j in req.jobs]
         if req.wait:
@@ -585,6 +590,7 @@ class ClusterWorkflow:
 
     @workflow.update(name=c.UPDATE_SCALE)
     async def scale(self, req: c.ScaleGroup) -> c.JobResult:
+        self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         job = self._current_job(req.job_id)
         if job is None or job.group(req.group) is None:
@@ -604,6 +610,7 @@ class ClusterWorkflow:
 
     @workflow.update(name=c.UPDATE_STOP_JOB)
     async def stop_job(self, req: c.StopJob) -> c.JobResult:
+        self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         if self._current_job(req.job_id) is None:
             raise ApplicationError(f"unknown job {req.job_id!r}", type="InvalidInput")
@@ -617,6 +624,7 @@ class ClusterWorkflow:
 
     @workflow.update(name=c.UPDATE_DRAIN_NODE)
     async def drain_node(self, req: c.DrainNode) -> int:
+        self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         moving = sum(1 for b in self.bindings.values() if b.node == req.node_id)
         self.inbox.append(("drain", req.node_id))
@@ -636,6 +644,7 @@ class ClusterWorkflow:
 
     @workflow.update(name=c.UPDATE_REPORT_FAILED)
     async def report_failed(self, req: c.ReportFailed) -> c.ReportFailedResult:
+        self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         accepted = 0
         for wid in req.workload_ids:

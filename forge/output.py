@@ -1,0 +1,426 @@
+"""Presentation for the ``forge`` command: tables, units, grouped reasons, JSON shapes.
+
+Kept apart from :mod:`forge.cli` so the command code reads as "get data, hand it
+to a renderer", and so ``forge dev`` prints status exactly the way ``forge status``
+does. Nothing here talks to a server or reads a file: every function takes plain
+data (models of :mod:`forge.contract`, a :class:`forge.reconcile.Plan`) and returns
+strings or JSON-ready dicts, which keeps it testable without a cluster.
+
+The JSON shapes built here (``plan_json``, ``status_json``) are the CLI's
+machine interface: scripts depend on their keys, so change them only by adding.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TextIO
+
+from forge.models import Job, Node
+
+if TYPE_CHECKING:
+    from forge.contract import AssignmentView, Explanation, JobResult, StatusView
+    from forge.reconcile import Plan
+
+__all__ = [
+    "SMALL_CLUSTER",
+    "TOP",
+    "Spinner",
+    "cores",
+    "explain_text",
+    "gib",
+    "group_reasons",
+    "job_result_line",
+    "jobs_table",
+    "plan_json",
+    "plan_text",
+    "reason_key",
+    "status_json",
+    "status_line",
+    "status_text",
+    "table",
+]
+
+#: Tables of nodes and reason groups show this many rows, then "... and N more":
+#: a 1,500-node cluster must not scroll the summary off the screen.
+TOP = 20
+_MAX_CELL = 90
+
+_AVAILABLE_RE = re.compile(r"^(\d+)/(\d+) nodes available(?:: (.*))?$")
+
+
+# ----------------------------------------------------------------------- basics
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A plain-text table: numeric columns right-aligned, text left-aligned, long
+    cells cut.
+
+    Plain spaces, no box drawing: the output stays greppable and pastes cleanly
+    into an issue.
+    """
+    raw = [list(row) for row in rows]
+    numeric = [bool(raw) and all(_is_number(row[i]) for row in raw) for i in range(len(headers))]
+    cells = [[_cell(v) for v in row] for row in raw]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    for row in cells:
+        parts = [
+            text.rjust(widths[i]) if numeric[i] else text.ljust(widths[i])
+            for i, text in enumerate(row)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _cell(value: object) -> str:
+    text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+    text = " ".join(text.split())  # no newlines or tabs inside a cell
+    return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 3] + "..."
+
+
+def cores(millicores: int) -> str:
+    """Millicores as cores: 16000 -> "16", 1500 -> "1.5", 125272 -> "125"."""
+    value = millicores / 1000
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def gib(mib: int) -> str:
+    """MiB as GiB: 65536 -> "64", 1536 -> "1.5", 534220 -> "522"."""
+    value = mib / 1024
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def _pct(used: int, total: int) -> str:
+    return f"{100 * used / total:.0f}%" if total else "-"
+
+
+def _more(shown: int, total: int, what: str) -> list[str]:
+    return [f"... and {total - shown:,} more {what}"] if total > shown else []
+
+
+# ---------------------------------------------------------------- pending reasons
+
+
+def reason_key(reason: str) -> str:
+    """The shape of a pending reason without its counts, for grouping.
+
+    ``"0/1523 nodes available: 1496 insufficient gpu, 27 insufficient cpu"`` and
+    ``"0/1523 nodes available: 1490 insufficient gpu, 33 insufficient cpu"`` are the
+    same problem for a reader, so both become ``"insufficient cpu, insufficient gpu"``
+    (sorted, so the per-node counts deciding the order cannot split a group).
+    Reasons of another form (reschedule delays, deferrals) are kept whole.
+    """
+    m = _AVAILABLE_RE.match(reason)
+    if m is None:
+        return reason
+    if not m.group(3):
+        return "no nodes registered" if m.group(2) == "0" else "no node fits"
+    parts = {re.sub(r"^\d+ ", "", part) for part in m.group(3).split(", ")}
+    return ", ".join(sorted(parts))
+
+
+def group_reasons(
+    pending: Iterable[tuple[str, Sequence[str]]],
+) -> list[tuple[str, int, str]]:
+    """(reason, replicas, an example workload id), most frequent first.
+
+    A replica counts under its first reason: that is the one the planner found
+    (later ones are backoff bookkeeping).
+    """
+    counts: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for wid, reasons in pending:
+        key = reason_key(reasons[0]) if reasons else "unknown"
+        counts[key] += 1
+        example.setdefault(key, wid)
+    return [(k, n, example[k]) for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _reasons_table(pending: Sequence[tuple[str, Sequence[str]]], total: int) -> list[str]:
+    groups = group_reasons(pending)
+    lines = [f"pending by reason ({total:,} replicas):"]
+    rows = [(n, key, wid) for key, n, wid in groups[:TOP]]
+    lines.append(table(("REPLICAS", "REASON", "EXAMPLE"), rows))
+    lines += _more(min(len(groups), TOP), len(groups), "reasons")
+    if total > len(pending):
+        lines.append(f"(grouped over the first {len(pending):,} pending replicas)")
+    return lines
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
+    """The ``forge plan --json`` object (documented in ``forge plan --help``)."""
+    nodes_used = {b.node for b in plan.bindings.values()}
+    return {
+        "placements": [
+            {"workload_id": b.workload_id, "node": b.node, "gpu_ids": list(b.gpu_ids)}
+            for b in plan.placed
+        ],
+        "pending": [
+            {"workload_id": wid, "reasons": list(entry.reasons)}
+            for wid, entry in plan.pending.items()
+        ],
+        "summary": {
+            "placed": len(plan.placed),
+            "pending": len(plan.pending),
+            "nodes_used": len(nodes_used),
+            "gpus_used": sum(len(b.gpu_ids) for b in plan.bindings.values()),
+            "seconds": round(seconds, 6),
+        },
+    }
+
+
+def plan_text(
+    plan: Plan, nodes: Sequence[Node], seconds: float, *, algorithm: str, candidates: int
+) -> str:
+    """Human output of ``forge plan``: summary, allocation, busiest nodes, reasons."""
+    per_node: dict[str, list[int]] = {}  # node -> [replicas, cpu, memory, gpus]
+    for b in plan.bindings.values():
+        acc = per_node.setdefault(b.node, [0, 0, 0, 0])
+        acc[0] += 1
+        acc[1] += b.cpu
+        acc[2] += b.memory
+        acc[3] += len(b.gpu_ids)
+    by_id = {n.id: n for n in nodes}
+    total_cpu = sum(n.cpu for n in nodes)
+    total_mem = sum(n.memory for n in nodes)
+    total_gpu = sum(len(n.gpus) for n in nodes)
+    used_cpu = sum(a[1] for a in per_node.values())
+    used_mem = sum(a[2] for a in per_node.values())
+    used_gpu = sum(a[3] for a in per_node.values())
+    sample = "all nodes" if candidates == 0 else f"{candidates} candidates"
+    lines = [
+        f"planned {plan.desired:,} replicas on {len(nodes):,} nodes in {seconds:.2f} s "
+        f"({algorithm}, {sample}): {len(plan.placed):,} placed, {len(plan.pending):,} pending",
+        f"allocated: cpu {cores(used_cpu)}/{cores(total_cpu)} cores ({_pct(used_cpu, total_cpu)}), "
+        f"memory {gib(used_mem)}/{gib(total_mem)} GiB ({_pct(used_mem, total_mem)}), "
+        f"gpus {used_gpu:,}/{total_gpu:,} ({_pct(used_gpu, total_gpu)})",
+    ]
+    if per_node:
+        counts = sorted(a[0] for a in per_node.values())
+        lines.append(
+            f"nodes used: {len(per_node):,}/{len(nodes):,}; replicas per used node: "
+            f"min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}"
+        )
+        busiest = sorted(per_node.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP]
+        rows = []
+        for node_id, (n, cpu, mem, gpus) in busiest:
+            node = by_id[node_id]
+            rows.append(
+                (
+                    node_id,
+                    n,
+                    f"{cores(cpu)}/{cores(node.cpu)}",
+                    f"{gib(mem)}/{gib(node.memory)}",
+                    f"{gpus}/{len(node.gpus)}",
+                )
+            )
+        lines += ["", f"busiest nodes (top {min(TOP, len(per_node))} by replicas placed):"]
+        lines.append(table(("NODE", "REPLICAS", "CPU", "MEMORY GiB", "GPUS"), rows))
+        lines += _more(len(busiest), len(per_node), "nodes")
+    if plan.pending:
+        pending = [(wid, e.reasons) for wid, e in plan.pending.items()]
+        lines += ["", *_reasons_table(pending, len(pending))]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- status
+
+
+def status_json(status: StatusView, assignments: Sequence[AssignmentView]) -> dict[str, Any]:
+    """The ``forge status --json`` object (documented in ``forge status --help``)."""
+    summary = status.summary.model_dump()
+    summary["pending_truncated"] = status.pending_truncated
+    return {
+        "summary": summary,
+        "nodes": [
+            {
+                "id": n.id,
+                "state": n.state,
+                "cpu": {"capacity": n.cpu.capacity, "allocated": n.cpu.allocated},
+                "memory": {"capacity": n.memory.capacity, "allocated": n.memory.allocated},
+                "gpus": {"total": n.gpus.total, "allocated": n.gpus.allocated},
+            }
+            for n in status.nodes
+        ],
+        "assignments": [
+            {
+                "workload_id": a.workload_id,
+                "node": a.node,
+                "gpu_ids": list(a.gpu_ids),
+                "status": a.status,
+            }
+            for a in assignments
+        ],
+        "pending": [
+            {"workload_id": p.workload_id, "reasons": list(p.reasons)} for p in status.pending
+        ],
+    }
+
+
+def status_line(cluster: str, status: StatusView) -> str:
+    """One line: the counts a person checks first."""
+    s = status.summary
+    return (
+        f"cluster {cluster}: {s.desired:,} desired, {s.bound:,} bound, {s.pending:,} pending "
+        f"({s.nodes:,} nodes, {s.jobs:,} jobs, {s.passes:,} passes)"
+    )
+
+
+def status_text(cluster: str, status: StatusView) -> str:
+    """Human output of ``forge status``: summary, node table, pending by reason."""
+    s = status.summary
+    lines = [status_line(cluster, status), f"last pass: {s.last_pass}"]
+    if status.nodes:
+        lines += ["", *_nodes_table(status)]
+    else:
+        lines += ["", "no nodes registered (forge node add ...)"]
+    if status.pending:
+        pending = [(p.workload_id, p.reasons) for p in status.pending]
+        lines += ["", *_reasons_table(pending, s.pending)]
+    return "\n".join(lines)
+
+
+#: Up to this many nodes, ``forge status`` lists every node; above, the busiest and
+#: the ones not ready (the rows someone acts on), with a count by state.
+SMALL_CLUSTER = 50
+
+
+def _nodes_table(status: StatusView) -> list[str]:
+    nodes = sorted(status.nodes, key=lambda n: n.id)
+    title: list[str] = []
+    if len(nodes) > SMALL_CLUSTER:
+        states = Counter(n.state for n in nodes)
+        counts = ", ".join(
+            f"{n:,} {s}" for s, n in sorted(states.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        busiest = sorted(nodes, key=lambda n: (-n.replicas, n.id))[:TOP]
+        unready = [n for n in nodes if n.state != "ready"][:TOP]
+        shown = {n.id for n in busiest} | {n.id for n in unready}
+        nodes = [n for n in nodes if n.id in shown]
+        title = [
+            f"nodes: {counts}; showing the {len(busiest)} busiest and up to {TOP} not ready "
+            "(forge status --json lists all)"
+        ]
+    rows = [
+        (
+            n.id,
+            n.state,
+            f"{cores(n.cpu.allocated)}/{cores(n.cpu.capacity)}",
+            f"{gib(n.memory.allocated)}/{gib(n.memory.capacity)}",
+            f"{n.gpus.allocated}/{n.gpus.total}",
+            n.replicas,
+        )
+        for n in nodes
+    ]
+    return [*title, table(("NODE", "STATE", "CPU", "MEMORY GiB", "GPUS", "REPLICAS"), rows)]
+
+
+def explain_text(e: Explanation) -> str:
+    """Human output of ``forge explain``."""
+    if e.state == "bound":
+        gpus = ", ".join(e.gpu_ids) if e.gpu_ids else "none"
+        lines = [f"{e.workload_id}: bound to {e.node} (gpus: {gpus})"]
+    else:
+        lines = [f"{e.workload_id}: {e.state}"]
+    if e.reasons:
+        lines.append("reasons:")
+        lines += [f"  {r}" for r in e.reasons]
+    if e.nodes:
+        lines.append("nodes:")
+        lines += [f"  {v}" for v in e.nodes]
+    return "\n".join(lines)
+
+
+def job_result_line(r: JobResult) -> str:
+    return f"{r.job_id}: {r.desired:,} desired, {r.bound:,} bound, {r.pending:,} pending"
+
+
+def jobs_table(jobs: Sequence[Job], bound: Mapping[str, int]) -> str:
+    """``forge job list``: one row per job, desired replicas from the spec and bound
+    replicas from the persisted bindings."""
+    rows = []
+    for job in jobs:
+        desired = sum(g.scaling.desired for g in job.groups)
+        groups = " ".join(f"{g.name}={g.scaling.desired}" for g in job.groups)
+        rows.append((job.id, job.priority, desired, bound.get(job.id, 0), groups))
+    return table(("JOB", "PRIORITY", "DESIRED", "BOUND", "GROUPS"), rows)
+
+
+# ----------------------------------------------------------------------- progress
+
+
+class Spinner:
+    """A one-line progress indicator on a terminal, shown only if the work is slow.
+
+    Nothing is written during the first ``delay`` seconds, so fast runs print
+    nothing; after that a spinner turns until the block ends and the line is
+    completed with the elapsed time. Disabled (a no-op) when ``enabled`` is false,
+    e.g. when stderr is not a terminal, so logs and pipes never get ``\\r`` noise.
+    """
+
+    _FRAMES = "|/-\\"
+
+    def __init__(
+        self, message: str, *, enabled: bool, stream: TextIO | None = None, delay: float = 0.3
+    ) -> None:
+        self.message = message
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.delay = delay
+        self._done = threading.Event()
+        self._shown = False
+        self._thread: threading.Thread | None = None
+        self._start = 0.0
+
+    def __enter__(self) -> Spinner:
+        self._start = time.perf_counter()
+        if self.enabled:
+            self._thread = threading.Thread(target=self._spin, daemon=True)
+            self._thread.start()
+        return self
+
+    def _spin(self) -> None:
+        if self._done.wait(self.delay):
+            return
+        self._shown = True
+        i = 0
+        while not self._done.is_set():
+            self.stream.write(f"\r{self.message} {self._FRAMES[i % len(self._FRAMES)]}")
+            self.stream.flush()
+            i += 1
+            self._done.wait(0.1)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._shown:
+            elapsed = time.perf_counter() - self._start
+            outcome = "done" if exc_type is None else "interrupted"
+            self.stream.write(f"\r{self.message} {outcome} in {elapsed:.1f} s\n")
+            self.stream.flush()

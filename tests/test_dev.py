@@ -1,0 +1,159 @@
+"""``forge dev``: the real processes (dev server + worker), started, used, stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from forge.dev import port_in_use
+from forge.loaders import load_jobs, load_nodes
+from forge.reconcile import ReconcileOptions, reconcile
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+FORGE = str(Path(sys.executable).parent / "forge")
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dev_argv(tmp_path: Path, *extra: str) -> tuple[list[str], int, int, Path]:
+    port, ui_port, data = free_port(), free_port(), tmp_path / "data"
+    argv = [FORGE, "dev", "--port", str(port), "--ui-port", str(ui_port), "--data-dir", str(data)]
+    return [*argv, *extra], port, ui_port, data
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    return env  # a FORGE_STORE of the caller must not redirect the dev worker
+
+
+def pump(stream: IO[str], into: queue.Queue[str]) -> None:
+    for line in stream:
+        into.put(line)
+
+
+def iter_queue(q: queue.Queue[str]) -> Iterator[str]:
+    while True:
+        try:
+            yield q.get_nowait()
+        except queue.Empty:
+            return
+
+
+def expected_outcome() -> tuple[int, int]:
+    """(desired, pending) for the examples, from the planner itself: the examples
+    may change, and this test must then still say something true."""
+    nodes = load_nodes(EXAMPLES / "nodes.yaml")
+    jobs = [
+        j for f in sorted(EXAMPLES.glob("*.yaml")) if f.name != "nodes.yaml" for j in load_jobs(f)
+    ]
+    plan = reconcile(
+        jobs={j.id: j for j in jobs},
+        nodes={n.id: n for n in nodes},
+        bindings={},
+        pending={},
+        failures={},
+        now=0.0,
+        options=ReconcileOptions(),
+    )
+    return plan.desired, len(plan.pending)
+
+
+def test_dev_demo_once_places_the_examples_and_cleans_up(tmp_path: Path) -> None:
+    argv, port, ui_port, data = dev_argv(tmp_path, "--demo", "--once")
+    start = time.monotonic()
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=240, cwd=REPO, env=child_env()
+    )
+    elapsed = time.monotonic() - start
+    out = proc.stdout
+    assert proc.returncode == 0, f"{out}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr
+
+    desired, pending = expected_outcome()
+    assert desired > 0
+    final = re.findall(r"cluster default: (\d+) desired, (\d+) bound, (\d+) pending", out)
+    assert final, out
+    assert final[-1] == (str(desired), str(desired - pending), str(pending)), out
+    if pending:
+        assert "pending by reason" in out
+    else:
+        assert "demo: converged: every replica is bound" in out
+    assert f"http://localhost:{ui_port}/namespaces/default/workflows/forge-cluster-default" in out
+    assert f"export FORGE_TEMPORAL_ADDRESS=localhost:{port}" in out
+
+    assert (data / "temporal.db").is_file()
+    assert (data / "forge.db").is_file()
+    # everything was stopped: both ports are free again
+    assert not port_in_use(port) and not port_in_use(ui_port)
+    print(f"forge dev --demo --once took {elapsed:.1f} s")
+
+
+def test_dev_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = [FORGE, "dev", "--once", "--port", str(port), "--data-dir", str(tmp_path)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=child_env())
+    assert proc.returncode == 1
+    assert f"port {port} is already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "temporal.db").exists()
+
+
+def test_dev_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    argv, port, ui_port, data = dev_argv(tmp_path)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+    )
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    # a reader thread: readline on a pipe cannot time out, a queue get can
+    reader = threading.Thread(target=pump, args=(proc.stdout, lines), daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any("running; Ctrl-C" in line for line in seen):
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, "".join(seen)
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=min(left, 1.0)))
+        assert port_in_use(port)  # the server is up
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rest = "".join(seen) + "".join(iter_queue(lines))
+    assert proc.returncode == 0, rest
+    assert "stopping the worker and the server" in rest
+    assert not port_in_use(port) and not port_in_use(ui_port)
+    assert (data / "worker.log").is_file()

@@ -16,6 +16,7 @@ from temporalio.worker import Replayer
 
 from forge.codec import data_converter
 from forge.placement import select
+from forge.placement.scorers import scorers_for
 from workflows.cluster import ClusterWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -38,8 +39,7 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 async def test_an_unpatched_scorer_change_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
     # A "harmless" change: spread instead of binpack, without workflow.patched.
-    real = select.scorers_for
-    monkeypatch.setattr(select, "scorers_for", lambda algorithm: real("spread"))
+    monkeypatch.setattr(select, "scorers_for", lambda algorithm: scorers_for("spread"))
     monkeypatch.setattr(select, "_fast_scorer", lambda scorers: None)
     replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
     path = next(p for p in HISTORIES if p.stem.startswith("lifecycle"))

@@ -260,7 +260,8 @@ class Job(_Model):
     @model_validator(mode="before")
     @classmethod
     def _default_id(cls, data: object) -> object:
-        if isinstance(data, dict) and not data.get("id") and "name" in data:
+        # only an absent / empty id defaults to the name: ``id: 0`` stays an error
+        if isinstance(data, dict) and data.get("id") in (None, "") and "name" in data:
             return {**data, "id": data["name"]}
         return data
 

@@ -1,0 +1,904 @@
+"""The reconcile pass: DESIGN.md's invariants as properties, plus the scenarios.
+
+``Sim`` plays the cluster workflow: it applies events to its inputs, calls
+``reconcile`` and replaces its state with the plan's. Every pass it runs is
+checked against invariants 1-5 and 7 (6 is the store's, tested with the stores),
+so the example tests below get the invariant checks for free as well.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+
+from forge.models import (
+    Assignment,
+    AssignmentStatus,
+    Constraint,
+    DelayFunction,
+    GpuDevice,
+    GpuRequest,
+    Job,
+    Node,
+    NodeState,
+    Request,
+    ReschedulePolicy,
+    Resources,
+    ScalingPolicy,
+    Task,
+    TaskGroup,
+)
+from forge.placement import Binding
+from forge.reconcile import (
+    FailureHistory,
+    PendingEntry,
+    Plan,
+    ReconcileOptions,
+    backoff_delay,
+    reconcile,
+    reschedule_delay,
+)
+from tests import strategies as fs
+
+T = TypeVar("T")
+
+# Why a binding may be released in the simulation: nodes never shrink and specs
+# never change there, so "node capacity changed" / "spec changed" would be a bug.
+SIM_RELEASE_REASONS = {
+    "job stopped",
+    "scaled down",
+    "node removed",
+    "node lost",
+    "node draining",
+    "failed",
+}
+
+
+# -- brute force -------------------------------------------------------------------
+@dataclass
+class Usage:
+    cpu: int = 0
+    memory: int = 0
+    gpu_ids: list[str] = field(default_factory=list)
+
+
+def usage(bindings: Iterable[Binding]) -> dict[str, Usage]:
+    out: dict[str, Usage] = {}
+    for b in bindings:
+        u = out.setdefault(b.node, Usage())
+        u.cpu += b.cpu
+        u.memory += b.memory
+        u.gpu_ids.extend(b.gpu_ids)
+    return out
+
+
+def can_take(node: Node, used: Usage, req: Request, constraints: Iterable[Constraint]) -> bool:
+    """Independent of forge.placement: could this node take the replica now?"""
+    if node.state is not NodeState.READY:
+        return False
+    if not all(c.matches(node.labels) for c in constraints):
+        return False
+    if node.cpu - used.cpu < req.cpu or node.memory - used.memory < req.memory:
+        return False
+    if req.gpu:
+        free = [
+            d
+            for d in node.gpus
+            if d.id not in used.gpu_ids
+            and (not req.gpu_models or d.model in req.gpu_models)
+            and d.memory >= req.gpu_memory
+        ]
+        return len(free) >= req.gpu
+    return True
+
+
+def split(wid: str) -> tuple[str, str, int]:
+    job, group, ordinal = wid.rsplit("/", 2)
+    return job, group, int(ordinal)
+
+
+def desired_ids(jobs: Mapping[str, Job]) -> set[str]:
+    return {
+        f"{j.id}/{g.name}/{i}"
+        for j in jobs.values()
+        for g in j.groups
+        for i in range(g.scaling.desired)
+    }
+
+
+def group_of(jobs: Mapping[str, Job], wid: str) -> TaskGroup:
+    job, group, _ = split(wid)
+    g = jobs[job].group(group)
+    assert g is not None
+    return g
+
+
+def btuple(b: Binding) -> tuple[Any, ...]:
+    return (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, b.status)
+
+
+def plan_key(plan: Plan) -> tuple[Any, ...]:
+    return (
+        sorted((w, btuple(b)) for w, b in plan.bindings.items()),
+        [btuple(b) for b in plan.placed],
+        plan.released,
+        sorted(plan.pending.items()),
+        sorted(plan.failures.items()),
+        plan.next_wake,
+        plan.deferred,
+        plan.desired,
+    )
+
+
+def shuffled(m: Mapping[str, T], rnd: random.Random) -> dict[str, T]:
+    items = list(m.items())
+    rnd.shuffle(items)
+    return dict(items)
+
+
+# -- the harness ---------------------------------------------------------------------
+@dataclass
+class Sim:
+    """The cluster workflow's state and loop, minus Temporal."""
+
+    nodes: dict[str, Node]
+    jobs: dict[str, Job]
+    options: ReconcileOptions = field(default_factory=ReconcileOptions)
+    now: float = 1000.0
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    pending: dict[str, PendingEntry] = field(default_factory=dict)
+    failures: dict[str, FailureHistory] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    capacity_changed: bool = True
+    fresh: int = 0
+    plans: list[Plan] = field(default_factory=list)
+
+    # events --------------------------------------------------------------------
+    def _pick(self, keys: Iterable[str], index: int) -> str | None:
+        ordered = sorted(keys)
+        return ordered[index % len(ordered)] if ordered else None
+
+    def _set_state(self, index: int, state: NodeState) -> None:
+        nid = self._pick(self.nodes, index)
+        if nid is not None:
+            self.nodes[nid] = self.nodes[nid].model_copy(update={"state": state})
+
+    def apply(self, event: fs.Event) -> None:
+        if isinstance(event, fs.NodeLost):
+            self._set_state(event.index, NodeState.LOST)
+        elif isinstance(event, fs.NodeDrained):
+            self._set_state(event.index, NodeState.DRAINING)
+        elif isinstance(event, fs.NodeRecovered):
+            nid = self._pick(self.nodes, event.index)
+            if nid is not None and self.nodes[nid].state is not NodeState.READY:
+                self._set_state(event.index, NodeState.READY)
+                self.capacity_changed = True
+        elif isinstance(event, fs.NodeRemoved):
+            nid = self._pick(self.nodes, event.index)
+            if nid is not None:
+                del self.nodes[nid]
+        elif isinstance(event, fs.NodeAdded):
+            self.fresh += 1
+            nid = f"x{self.fresh}"
+            self.nodes[nid] = event.node.model_copy(update={"id": nid})
+            self.capacity_changed = True
+        elif isinstance(event, fs.Scale):
+            jid = self._pick(self.jobs, event.job_index)
+            if jid is not None:
+                job = self.jobs[jid]
+                g = job.groups[event.group_index % len(job.groups)]
+                self.jobs[jid] = job.with_desired(g.name, event.desired)
+        elif isinstance(event, fs.JobStop):
+            jid = self._pick(self.jobs, event.index)
+            if jid is not None:
+                del self.jobs[jid]
+        elif isinstance(event, fs.JobSubmit):
+            self.fresh += 1
+            jid = f"y{self.fresh}"
+            self.jobs[jid] = event.job.model_copy(update={"id": jid, "name": jid})
+        elif isinstance(event, fs.ReplicaFailed):
+            wid = self._pick(self.bindings, event.index)
+            if wid is not None:
+                self.failed.add(wid)
+        elif isinstance(event, fs.Advance):
+            self.now += event.seconds
+        else:  # pragma: no cover
+            raise AssertionError(event)
+
+    # passes --------------------------------------------------------------------
+    def inputs(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "nodes": self.nodes,
+            "bindings": self.bindings,
+            "pending": self.pending,
+            "failures": self.failures,
+            "failed": sorted(w for w in self.failed if w in self.bindings),
+            "capacity_changed": self.capacity_changed,
+            "now": self.now,
+            "options": self.options,
+        }
+
+    def run_pass(
+        self,
+        rnd: random.Random | None = None,
+        *,
+        failed: Iterable[str] = (),
+        capacity_changed: bool = False,
+        sim_checks: bool = True,
+    ) -> Plan:
+        self.failed.update(failed)
+        self.capacity_changed |= capacity_changed
+        inputs = self.inputs()
+        before = {w: btuple(b) for w, b in self.bindings.items()}
+        plan = reconcile(**inputs)
+        assert {w: btuple(b) for w, b in self.bindings.items()} == before, "inputs mutated"
+        check_plan(inputs, plan, sim_checks=sim_checks)
+        check_determinism(inputs, plan, rnd or random.Random(0))
+        check_fixed_point(inputs, plan)
+        self.bindings, self.pending, self.failures = plan.bindings, plan.pending, plan.failures
+        self.failed = set()
+        self.capacity_changed = False
+        self.plans.append(plan)
+        return plan
+
+    def settle(self, passes: int = 10) -> Plan:
+        """Passes at the same time until one changes nothing."""
+        for _ in range(passes):
+            plan = self.run_pass()
+            if not plan.changed and not plan.deferred:
+                return plan
+        raise AssertionError("no fixed point")
+
+    def used(self, node: str) -> Usage:
+        return usage(self.bindings.values()).get(node, Usage())
+
+
+# -- invariants ------------------------------------------------------------------------
+def check_plan(inputs: Mapping[str, Any], plan: Plan, *, sim_checks: bool = True) -> None:
+    jobs: Mapping[str, Job] = inputs["jobs"]
+    nodes: Mapping[str, Node] = inputs["nodes"]
+    old: Mapping[str, Binding] = inputs["bindings"]
+    now: float = inputs["now"]
+    options: ReconcileOptions = inputs["options"]
+    new = plan.bindings
+
+    # (3) each replica bound at most once; bound is a subset of desired
+    for w, b in new.items():
+        assert b.workload_id == w
+    desired = desired_ids(jobs)
+    assert set(new) <= desired, set(new) - desired
+    assert plan.desired == len(desired)
+    assert not set(new) & set(plan.pending), "bound and pending"
+    assert set(new) | set(plan.pending) == desired, "a desired replica is neither bound nor pending"
+    released = [w for w, _ in plan.released]
+    assert len(released) == len(set(released)), "released twice"
+    assert set(released) <= set(old)
+    placed = [b.workload_id for b in plan.placed]
+    assert len(placed) == len(set(placed)), "placed twice"
+    kept = set(old) - set(released)
+    assert not kept & set(placed), "placed while still bound"
+    assert set(new) == kept | set(placed)
+    for w in kept:
+        assert btuple(new[w]) == btuple(old[w]), "a kept binding changed"
+    for b in plan.placed:
+        assert new[b.workload_id] is b
+        req = group_of(jobs, b.workload_id).request()
+        assert (b.cpu, b.memory, len(b.gpu_ids)) == (req.cpu, req.memory, req.gpu)
+
+    # (1) capacity and (2) exact GPU ids
+    held: Counter[tuple[str, str]] = Counter()
+    for nid, u in usage(new.values()).items():
+        assert nid in nodes, f"bound to unknown node {nid}"
+        node = nodes[nid]
+        assert u.cpu <= node.cpu and u.memory <= node.memory, f"{nid} over capacity"
+        assert len(u.gpu_ids) <= len(node.gpus)
+        assert set(u.gpu_ids) <= {d.id for d in node.gpus}
+        held.update((nid, g) for g in u.gpu_ids)
+    assert all(n == 1 for n in held.values()), "a GPU held twice"
+    for b in plan.placed:
+        req = group_of(jobs, b.workload_id).request()
+        devices = {d.id: d for d in nodes[b.node].gpus}
+        for g in b.gpu_ids:
+            assert devices[g].memory >= req.gpu_memory
+            assert not req.gpu_models or devices[g].model in req.gpu_models
+    before = {(b.node, g) for b in old.values() for g in b.gpu_ids}
+    freed = {(old[w].node, g) for w in released for g in old[w].gpu_ids}
+    taken = {(b.node, g) for b in plan.placed for g in b.gpu_ids}
+    assert not taken & (before - freed), "placed onto a GPU that was not freed"
+    assert set(held) == (before - freed) | taken, "released GPU ids != freed GPU ids"
+
+    # (5) lost / draining / removed nodes hold nothing
+    for b in new.values():
+        assert nodes[b.node].state is NodeState.READY, f"{b.workload_id} on a {b.node} not ready"
+
+    # (4) everything that fits is placed
+    final = usage(new.values())
+    limit_hit = len(plan.placed) >= options.max_placements
+    for w, e in plan.pending.items():
+        assert e.reasons, f"{w} pending without a reason"
+        if e.kind == "deferred":
+            assert limit_hit and e.not_before == now
+            continue
+        assert e.not_before > now, f"{w} {e.kind} not tried though due"
+        if e.kind == "backoff":
+            grp = group_of(jobs, w)
+            want = grp.request()
+            for nid, n in nodes.items():
+                assert not can_take(n, final.get(nid, Usage()), want, grp.constraints), (
+                    f"{w} left pending but {nid} can take it"
+                )
+    assert plan.deferred == sum(e.kind == "deferred" for e in plan.pending.values())
+
+    # next wake: the earliest future not_before (now when some were deferred)
+    future = [e.not_before for e in plan.pending.values() if e.kind != "deferred"]
+    expect = now if plan.deferred else (min(future) if future else None)
+    assert plan.next_wake == expect
+    assert set(plan.failures) <= desired
+
+    if sim_checks:
+        # nodes never shrink and specs never change in the simulation
+        failed = set(inputs["failed"])
+        for _, reason in plan.released:
+            assert reason in SIM_RELEASE_REASONS, reason
+        for w, b in old.items():
+            host = nodes.get(b.node)
+            must_keep = (
+                w in desired
+                and host is not None
+                and host.state is NodeState.READY
+                and w not in failed
+                and b.status is not AssignmentStatus.FAILED
+            )
+            assert not must_keep or w in kept, f"{w} released for no reason"
+
+
+def check_determinism(inputs: Mapping[str, Any], plan: Plan, rnd: random.Random) -> None:
+    """(7) the same inputs give the same plan, whatever the dicts' order."""
+    again = reconcile(**inputs)
+    assert plan_key(again) == plan_key(plan)
+    reordered = {
+        **inputs,
+        "jobs": shuffled(inputs["jobs"], rnd),
+        "nodes": shuffled(inputs["nodes"], rnd),
+        "bindings": shuffled(inputs["bindings"], rnd),
+        "pending": shuffled(inputs["pending"], rnd),
+        "failures": shuffled(inputs["failures"], rnd),
+        "failed": list(reversed(inputs["failed"])),
+    }
+    assert plan_key(reconcile(**reordered)) == plan_key(plan)
+
+
+def check_fixed_point(inputs: Mapping[str, Any], plan: Plan) -> None:
+    """A second pass at the same time with nothing new changes nothing."""
+    if plan.deferred:
+        return
+    second = reconcile(
+        **{
+            **inputs,
+            "bindings": plan.bindings,
+            "pending": plan.pending,
+            "failures": plan.failures,
+            "failed": [],
+            "capacity_changed": False,
+        }
+    )
+    assert not second.placed and not second.released
+    assert second.pending == plan.pending
+    assert second.failures == plan.failures
+    assert second.next_wake == plan.next_wake
+
+
+# -- properties ------------------------------------------------------------------------
+class ReconcileMachine(RuleBasedStateMachine):
+    """Random events and passes; every pass is checked (see ``Sim.run_pass``)."""
+
+    sim: Sim
+
+    @initialize(world=fs.worlds(), options=fs.options())
+    def start(self, world: fs.World, options: ReconcileOptions) -> None:
+        self.sim = Sim(nodes=dict(world.nodes), jobs=dict(world.jobs), options=options)
+        self.sim.run_pass()
+
+    @rule(event=fs.events())
+    def event(self, event: fs.Event) -> None:
+        self.sim.apply(event)
+
+    @rule(rnd=st.randoms(use_true_random=False))
+    def reconcile_pass(self, rnd: random.Random) -> None:
+        self.sim.run_pass(rnd)
+
+    @rule(event=fs.events(), rnd=st.randoms(use_true_random=False))
+    def event_then_pass(self, event: fs.Event, rnd: random.Random) -> None:
+        self.sim.apply(event)
+        self.sim.run_pass(rnd)
+
+
+ReconcileMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestReconcileMachine = ReconcileMachine.TestCase
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world=fs.worlds(), options=fs.options(), rnd=st.randoms(use_true_random=False))
+def test_first_pass_invariants_and_order_independence(
+    world: fs.World, options: ReconcileOptions, rnd: random.Random
+) -> None:
+    Sim(nodes=world.nodes, jobs=world.jobs, options=options).run_pass(rnd)
+
+
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    world=fs.worlds(),
+    options=fs.options(),
+    events=st.lists(fs.events(), max_size=12),
+)
+def test_event_sequences_keep_invariants(
+    world: fs.World, options: ReconcileOptions, events: list[fs.Event]
+) -> None:
+    sim = Sim(nodes=world.nodes, jobs=world.jobs, options=options)
+    sim.run_pass()
+    for e in events:
+        sim.apply(e)
+        sim.run_pass()
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world=fs.worlds())
+def test_restored_bindings_give_the_same_plan(world: fs.World) -> None:
+    """State rebuilt from persisted assignments plans like the live state."""
+    sim = Sim(nodes=world.nodes, jobs=world.jobs)
+    sim.run_pass()
+    restored = {
+        w: Binding.from_assignment(Assignment.model_validate(b.to_assignment().model_dump()))
+        for w, b in sim.bindings.items()
+    }
+    assert {w: btuple(b) for w, b in restored.items()} == {
+        w: btuple(b) for w, b in sim.bindings.items()
+    }
+    sim.bindings = restored
+    plan = sim.run_pass()
+    assert not plan.changed
+
+
+# -- builders ------------------------------------------------------------------------------
+def node(
+    nid: str,
+    cpu: int = 4000,
+    memory: int = 4096,
+    *,
+    gpus: int = 0,
+    model: str = "A100",
+    gpu_memory: int = 40960,
+    labels: dict[str, str] | None = None,
+    state: NodeState = NodeState.READY,
+) -> Node:
+    return Node(
+        id=nid,
+        cpu=cpu,
+        memory=memory,
+        gpus=tuple(GpuDevice(id=f"gpu{i}", model=model, memory=gpu_memory) for i in range(gpus)),
+        labels=labels or {},
+        state=state,
+    )
+
+
+def group(
+    name: str = "g",
+    desired: int = 1,
+    cpu: int = 1000,
+    memory: int = 1024,
+    *,
+    gpu: int = 0,
+    gpu_memory: int = 0,
+    models: tuple[str, ...] = (),
+    constraints: tuple[Constraint, ...] = (),
+    reschedule: ReschedulePolicy | None = None,
+) -> TaskGroup:
+    res = Resources(
+        cpu=cpu, memory=memory, gpu=GpuRequest(count=gpu, memory=gpu_memory, models=models)
+    )
+    return TaskGroup(
+        name=name,
+        tasks=(Task(name="t", resources=res),),
+        scaling=ScalingPolicy(min=0, max=max(desired, 1), desired=desired),
+        constraints=constraints,
+        reschedule=reschedule or ReschedulePolicy(),
+    )
+
+
+def job(jid: str, *groups: TaskGroup, priority: int = 50) -> Job:
+    return Job(id=jid, name=jid, priority=priority, groups=groups or (group(),))
+
+
+def sim(nodes: Iterable[Node], jobs: Iterable[Job], **options: Any) -> Sim:
+    return Sim(
+        nodes={n.id: n for n in nodes},
+        jobs={j.id: j for j in jobs},
+        options=ReconcileOptions(**options),
+        now=0.0,
+    )
+
+
+def on(s: Sim) -> dict[str, str]:
+    return {w: b.node for w, b in s.bindings.items()}
+
+
+# -- scenarios -----------------------------------------------------------------------------
+def test_all_desired_scheduled_and_a_second_pass_changes_nothing() -> None:
+    s = sim([node("a"), node("b")], [job("web", group("api", 4)), job("db", group("pg", 2))])
+    first = s.run_pass()
+    assert len(first.placed) == 6 and not first.pending and first.next_wake is None
+    second = s.run_pass()
+    assert not second.placed and not second.released and not second.changed
+    assert second.bindings == first.bindings
+
+
+def test_scale_down_releases_and_restores_capacity() -> None:
+    s = sim([node("a", cpu=4000, memory=4096)], [job("web", group("api", 4))])
+    s.run_pass()
+    assert s.used("a").cpu == 4000
+    s.jobs["web"] = s.jobs["web"].with_desired("api", 1)
+    plan = s.run_pass()
+    assert sorted(plan.released) == [
+        ("web/api/1", "scaled down"),
+        ("web/api/2", "scaled down"),
+        ("web/api/3", "scaled down"),
+    ]
+    assert set(s.bindings) == {"web/api/0"}
+    assert (s.used("a").cpu, s.used("a").memory) == (1000, 1024)
+
+
+def test_job_stop_releases_everything() -> None:
+    s = sim([node("a")], [job("web", group("api", 3))])
+    s.run_pass()
+    del s.jobs["web"]
+    plan = s.run_pass()
+    assert {r for _, r in plan.released} == {"job stopped"} and len(plan.released) == 3
+    assert not s.bindings and not s.pending
+
+
+@pytest.mark.parametrize("state", [NodeState.LOST, NodeState.DRAINING])
+def test_node_loss_reschedules_onto_a_survivor_in_the_same_pass(state: NodeState) -> None:
+    s = sim([node("a"), node("b")], [job("web", group("api", 2))], algorithm="binpack")
+    s.run_pass()
+    (victim,) = set(on(s).values())  # binpack fills one node first
+    (survivor,) = {"a", "b"} - {victim}
+    s.nodes[victim] = s.nodes[victim].model_copy(update={"state": state})
+    plan = s.run_pass()
+    reason = "node lost" if state is NodeState.LOST else "node draining"
+    assert plan.released == [("web/api/0", reason), ("web/api/1", reason)]
+    assert on(s) == {"web/api/0": survivor, "web/api/1": survivor}
+    assert not plan.pending
+
+
+def test_removed_node_reschedules_onto_a_survivor() -> None:
+    s = sim([node("a", cpu=2000), node("b", cpu=2000)], [job("web", group("api", 2))])
+    s.run_pass()
+    (victim,) = set(on(s).values())
+    (survivor,) = {"a", "b"} - {victim}
+    del s.nodes[victim]
+    plan = s.run_pass()
+    assert {r for _, r in plan.released} == {"node removed"}
+    assert on(s) == {"web/api/0": survivor, "web/api/1": survivor}
+
+
+def test_insufficient_capacity_backs_off_without_over_allocating() -> None:
+    s = sim([node("a", cpu=4000, memory=8192)], [job("web", group("api", 3, cpu=1500))])
+    plan = s.run_pass()
+    assert len(plan.placed) == 2 and s.used("a").cpu == 3000
+    entry = plan.pending["web/api/2"]
+    assert entry.kind == "backoff" and entry.attempts == 1 and entry.not_before == 1.0
+    assert entry.reasons == ("0/1 nodes available: 1 insufficient cpu",)
+
+
+def test_backoff_doubles_up_to_the_cap_across_passes() -> None:
+    s = sim([node("a", cpu=1000)], [job("big", group("g", 1, cpu=2000))])
+    delays = []
+    for _ in range(12):
+        plan = s.run_pass()
+        entry = plan.pending["big/g/0"]
+        delays.append(entry.not_before - s.now)
+        assert plan.next_wake == entry.not_before
+        s.now = entry.not_before
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]
+    assert [backoff_delay(n, ReconcileOptions()) for n in range(5)] == [0, 1, 2, 4, 8]
+
+
+def test_backed_off_replica_waits_while_nothing_changes() -> None:
+    s = sim([node("a", cpu=1000)], [job("big", group("g", 1, cpu=2000))])
+    s.run_pass()
+    s.now = 0.5
+    plan = s.run_pass()
+    assert not plan.placed and plan.pending["big/g/0"].attempts == 1  # not retried
+
+
+def test_a_node_joining_makes_backed_off_replicas_eligible_at_once() -> None:
+    s = sim([node("a", cpu=1000)], [job("big", group("g", 2, cpu=2000))])
+    s.run_pass()
+    s.run_pass()
+    s.now = 0.5  # well before not_before
+    s.nodes["b"] = node("b", cpu=8000)
+    plan = s.run_pass(capacity_changed=True)
+    assert on(s) == {"big/g/0": "b", "big/g/1": "b"}
+    assert not plan.pending and plan.next_wake is None
+
+
+def test_a_release_makes_backed_off_replicas_eligible_at_once() -> None:
+    s = sim(
+        [node("a", cpu=2000)],
+        [job("web", group("api", 2), priority=90), job("big", group("g", 1, 2000))],
+    )
+    s.run_pass()
+    assert s.pending["big/g/0"].kind == "backoff"
+    s.now = 0.25
+    s.jobs["web"] = s.jobs["web"].with_desired("api", 0)
+    plan = s.run_pass()
+    assert len(plan.released) == 2 and on(s) == {"big/g/0": "a"}
+
+
+def test_gpu_ids_are_exact_and_freed_exactly_on_stop() -> None:
+    s = sim(
+        [node("a", cpu=8000, memory=8192, gpus=4)],
+        [job("x", group("g", 1, gpu=2)), job("y", group("g", 1, gpu=1))],
+    )
+    s.run_pass()
+    gpus = {w: b.gpu_ids for w, b in s.bindings.items()}
+    assert gpus == {"x/g/0": ("gpu0", "gpu1"), "y/g/0": ("gpu2",)}
+    del s.jobs["x"]
+    s.jobs["z"] = job("z", group("g", 1, gpu=3))
+    plan = s.run_pass()
+    assert plan.released == [("x/g/0", "job stopped")]
+    assert s.bindings["y/g/0"].gpu_ids == ("gpu2",)
+    assert s.bindings["z/g/0"].gpu_ids == ("gpu0", "gpu1", "gpu3")
+
+
+def test_gpu_model_and_memory_pick_matching_devices() -> None:
+    a = Node(
+        id="a",
+        cpu=8000,
+        memory=8192,
+        gpus=(
+            GpuDevice(id="t4", model="T4", memory=16000),
+            GpuDevice(id="small", model="A100", memory=16000),
+            GpuDevice(id="big", model="A100", memory=81920),
+        ),
+    )
+    s = sim([a], [job("x", group("g", 1, gpu=1, gpu_memory=40000, models=("A100",)))])
+    s.run_pass()
+    assert s.bindings["x/g/0"].gpu_ids == ("big",)
+
+
+def test_state_rebuilt_from_persisted_assignments_changes_nothing() -> None:
+    s = sim([node("a", gpus=2), node("b")], [job("x", group("g", 2, gpu=1)), job("y")])
+    s.run_pass()
+    rows = [b.to_assignment().model_dump(mode="json") for b in s.bindings.values()]
+    restored = {
+        a.workload_id: Binding.from_assignment(a)
+        for a in (Assignment.model_validate(r) for r in rows)
+    }
+    assert {w: btuple(b) for w, b in restored.items()} == {
+        w: btuple(b) for w, b in s.bindings.items()
+    }
+    fresh = sim(s.nodes.values(), s.jobs.values())
+    fresh.bindings = restored
+    plan = fresh.run_pass()
+    assert not plan.changed and not plan.pending
+
+
+def test_assignment_rejects_a_mismatched_workload_id() -> None:
+    b = Binding("x", "g", 0, "a", (), 1, 1)
+    row = {**b.to_assignment().model_dump(), "ordinal": 1}
+    with pytest.raises(ValueError, match="workload_id"):
+        Assignment.model_validate(row)
+
+
+@pytest.mark.parametrize(
+    ("function", "expected"),
+    [
+        (DelayFunction.CONSTANT, [10, 10, 10, 10, 10, 10]),
+        (DelayFunction.EXPONENTIAL, [10, 20, 40, 80, 100, 100]),
+        (DelayFunction.FIBONACCI, [10, 10, 20, 30, 50, 80]),
+    ],
+)
+def test_reschedule_delay_functions(function: DelayFunction, expected: list[float]) -> None:
+    policy = ReschedulePolicy(delay=10, max_delay=100, delay_function=function, unlimited=True)
+    assert [reschedule_delay(policy, n) for n in range(1, 7)] == expected
+
+
+@pytest.mark.parametrize("function", list(DelayFunction))
+def test_failed_replicas_wait_the_policy_delay(function: DelayFunction) -> None:
+    policy = ReschedulePolicy(delay=10, max_delay=100, delay_function=function, unlimited=True)
+    s = sim([node("a")], [job("x", group("g", 1, reschedule=policy))])
+    s.run_pass()
+    waits = []
+    for n in range(1, 7):
+        plan = s.run_pass(failed=["x/g/0"])
+        entry = plan.pending["x/g/0"]
+        assert entry.kind == "reschedule" and entry.attempts == n
+        waits.append(entry.not_before - s.now)
+        assert plan.next_wake == entry.not_before
+        s.now = entry.not_before - 0.5
+        assert "x/g/0" in s.run_pass().pending  # not before its time
+        s.now = entry.not_before
+        assert [b.workload_id for b in s.run_pass().placed] == ["x/g/0"]
+        s.now += 1
+    assert waits == [reschedule_delay(policy, n) for n in range(1, 7)]
+
+
+def test_failed_status_on_a_binding_counts_as_a_failure() -> None:
+    s = sim([node("a")], [job("x")])
+    s.run_pass()
+    s.bindings["x/g/0"] = Binding("x", "g", 0, "a", (), 1000, 1024, AssignmentStatus.FAILED)
+    plan = s.run_pass()
+    assert plan.released == [("x/g/0", "failed")]
+    assert plan.pending["x/g/0"].kind == "reschedule"
+    assert plan.failures["x/g/0"].last_node == "a"
+
+
+def test_attempts_exhausted_within_the_interval_then_eligible_after_it() -> None:
+    policy = ReschedulePolicy(
+        attempts=2, interval=100, delay=1, max_delay=1, delay_function=DelayFunction.CONSTANT
+    )
+    s = sim([node("a")], [job("x", group("g", 1, reschedule=policy))])
+    s.run_pass()
+    first_failure = s.now
+    for _ in range(2):
+        assert s.run_pass(failed=["x/g/0"]).pending["x/g/0"].kind == "reschedule"
+        s.now += 1
+        assert s.run_pass().placed
+    plan = s.run_pass(failed=["x/g/0"])
+    entry = plan.pending["x/g/0"]
+    assert entry.kind == "exhausted" and entry.attempts == 3
+    assert entry.not_before == first_failure + 100 == plan.next_wake
+    assert "exhausted" in entry.reasons[0]
+    s.now = 99.0
+    assert not s.run_pass(capacity_changed=True).placed  # capacity does not unblock it
+    s.now = entry.not_before
+    assert [b.workload_id for b in s.run_pass().placed] == ["x/g/0"]
+
+
+def test_zero_attempts_means_no_reschedule() -> None:
+    policy = ReschedulePolicy(attempts=0, interval=60)
+    s = sim([node("a")], [job("x", group("g", 1, reschedule=policy))])
+    s.run_pass()
+    assert s.run_pass(failed=["x/g/0"]).pending["x/g/0"].kind == "exhausted"
+
+
+def test_unlimited_policy_never_exhausts() -> None:
+    policy = ReschedulePolicy(attempts=0, unlimited=True, delay=1, max_delay=1)
+    s = sim([node("a")], [job("x", group("g", 1, reschedule=policy))])
+    s.run_pass()
+    for _ in range(5):
+        assert s.run_pass(failed=["x/g/0"]).pending["x/g/0"].kind == "reschedule"
+        s.now += 1
+        s.run_pass()
+
+
+def test_zero_delay_reschedules_in_the_same_pass() -> None:
+    """Regression: a 0 s delay left a "reschedule" entry with not_before == now
+    that no wake-up (always > now) would ever retry."""
+    policy = ReschedulePolicy(delay=0, max_delay=0)
+    s = sim([node("a"), node("b")], [job("x", group("g", 1, reschedule=policy))])
+    s.run_pass()
+    was = on(s)["x/g/0"]
+    plan = s.run_pass(failed=["x/g/0"])
+    assert plan.released == [("x/g/0", "failed")]
+    assert on(s)["x/g/0"] != was and not plan.pending
+
+
+def test_a_failed_replica_avoids_its_node_when_another_fits() -> None:
+    # binpack would put it back on the fuller node "a"; it failed there
+    policy = ReschedulePolicy(delay=5, max_delay=5)
+    s = sim(
+        [node("a", cpu=4000), node("b", cpu=4000, gpus=1)],
+        [
+            job("filler", group("f", 2, cpu=1000), priority=90),
+            job("x", group("g", 1, reschedule=policy)),
+        ],
+    )
+    s.run_pass()
+    assert set(on(s).values()) == {"a"}
+    s.run_pass(failed=["x/g/0"])
+    s.now = 5
+    plan = s.run_pass()
+    assert [(b.workload_id, b.node) for b in plan.placed] == [("x/g/0", "b")]
+
+
+def test_a_failed_replica_returns_to_its_node_when_nothing_else_fits() -> None:
+    policy = ReschedulePolicy(delay=5, max_delay=5)
+    s = sim([node("a"), node("b", cpu=500)], [job("x", group("g", 1, reschedule=policy))])
+    s.run_pass()
+    s.run_pass(failed=["x/g/0"])
+    s.now = 5
+    assert on(s) == {} and s.run_pass().placed[0].node == "a"
+
+
+def test_higher_priority_is_placed_first_when_capacity_is_short() -> None:
+    s = sim(
+        [node("a", cpu=2000)],
+        [job("aaa-low", group("g", 2), priority=10), job("zzz-high", group("g", 1), priority=90)],
+    )
+    plan = s.run_pass()
+    assert [b.workload_id for b in plan.placed] == ["zzz-high/g/0", "aaa-low/g/0"]
+    assert plan.pending["aaa-low/g/1"].kind == "backoff"
+
+
+def test_max_placements_defers_the_rest_to_the_next_pass() -> None:
+    s = sim([node("a", cpu=8000, memory=8192)], [job("web", group("api", 5))], max_placements=2)
+    plan = s.run_pass()
+    assert len(plan.placed) == 2 and plan.deferred == 3
+    assert {w: e.kind for w, e in plan.pending.items()} == {
+        "web/api/2": "deferred",
+        "web/api/3": "deferred",
+        "web/api/4": "deferred",
+    }
+    assert plan.next_wake == s.now
+    assert len(s.run_pass().placed) == 2
+    last = s.run_pass()
+    assert len(last.placed) == 1 and not last.pending and last.next_wake is None
+
+
+def test_next_wake_is_the_earliest_future_not_before() -> None:
+    policy = ReschedulePolicy(delay=7, max_delay=7)
+    s = sim(
+        [node("a", cpu=2000)],
+        [job("x", group("g", 1, reschedule=policy)), job("big", group("g", 1, cpu=4000))],
+    )
+    s.run_pass()
+    s.now = 0.5
+    plan = s.run_pass(failed=["x/g/0"])
+    # big: backoff retried (release) -> attempts 2 at 0.5 + 2; x: reschedule at 7.5
+    assert plan.pending["big/g/0"].not_before == 2.5
+    assert plan.pending["x/g/0"].not_before == 7.5
+    assert plan.next_wake == 2.5
+
+
+def test_constraints_and_reasons() -> None:
+    s = sim(
+        [
+            node("a", labels={"zone": "a"}),
+            node("b", labels={"zone": "b"}),
+            node("c", state=NodeState.DRAINING),
+        ],
+        [
+            job(
+                "x",
+                group(
+                    "g", 2, cpu=3000, constraints=(Constraint(label="zone", op="=", values=("b",)),)
+                ),
+            )
+        ],
+    )
+    plan = s.run_pass()
+    assert on(s) == {"x/g/0": "b"}
+    assert plan.pending["x/g/1"].reasons == (
+        "0/3 nodes available: 1 constraint zone = b, 1 draining, 1 insufficient cpu",
+    )
+
+
+def test_empty_world() -> None:
+    s = sim([], [job("x")])
+    plan = s.run_pass()
+    assert plan.pending["x/g/0"].reasons == ("0/0 nodes available",)
+    assert sim([node("a")], []).run_pass().bindings == {}
+
+
+def test_reconcile_does_not_mutate_its_inputs() -> None:
+    s = sim([node("a")], [job("x", group("g", 2))])
+    s.run_pass()
+    bindings, pending = dict(s.bindings), dict(s.pending)
+    reconcile(jobs={}, nodes=s.nodes, bindings=bindings, pending=pending, failures={}, now=1.0)
+    assert bindings == s.bindings and pending == s.pending

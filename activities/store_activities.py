@@ -154,6 +154,11 @@ class StoreActivities:
             ).add(1)
             raise ApplicationError(str(err), type="StaleFence", non_retryable=True) from err
         except StoreError as err:
+            if self.store.fence(req.cluster) == Fence(req.generation, req.pass_no):
+                # Another run applied this very fence with a different delta: a reset
+                # run replays its predecessor's generation. As stale as an older
+                # fence, so the workflow reloads and moves to a newer generation.
+                raise ApplicationError(str(err), type="StaleFence", non_retryable=True) from err
             raise ApplicationError(str(err), type="StoreError", non_retryable=True) from err
         activity.metric_meter().create_histogram_float(
             "forge_persist_seconds", "time to apply one pass's delta to the store", "s"

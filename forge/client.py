@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
@@ -30,13 +31,15 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forge import contract as c
-from forge.models import Job, Node
+from forge.models import MAX_BATCH_BYTES, Job, Node
 from forge.settings import Settings
 
 __all__ = [
+    "MAX_REQUEST_BYTES",
     "SEARCH_ATTRIBUTES",
     "ForgeClient",
     "ForgeError",
@@ -62,10 +65,27 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
 #: when other clients share the workflow.
 MAX_UPDATES_IN_FLIGHT = 8
 _RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 5.0, 5.0, 5.0, 5.0)
+#: The largest request (as JSON) the client sends: a batch of MAX_BATCH_BYTES plus
+#: its envelope. Temporal refuses payloads over 2 MiB, and one that gets through
+#: near that size makes the workflow's own commands too big; so a bigger request
+#: is refused here, as bad input, before anything is sent.
+MAX_REQUEST_BYTES = MAX_BATCH_BYTES + 64 * 1024
+#: The ApplicationError type of an update the workflow refused because its run is
+#: about to continue as new (``workflows.cluster.BUSY``): retried, not reported.
+_BUSY_TYPE = "Busy"
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def _busy(err: RPCError) -> bool:
+    if "exceeds maximum size" in str(err) or "larger than max" in str(err):
+        return False  # a gRPC message too big: retrying cannot help
     return err.status == RPCStatusCode.RESOURCE_EXHAUSTED or "in-flight" in str(err)
+
+
+def _busy_refusal(err: WorkflowUpdateFailedError) -> bool:
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == _BUSY_TYPE
 
 
 class ForgeError(Exception):
@@ -95,9 +115,35 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     return sorted(missing)
 
 
-def _chunks(items: Sequence[Node], size: int) -> Iterable[Sequence[Node]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+def _batches(items: Sequence[_M], count: int) -> list[list[_M]]:
+    """Consecutive batches of at most ``count`` items and MAX_BATCH_BYTES of JSON
+    (an item bigger than that alone is a batch of its own, refused by the size check)."""
+    out: list[list[_M]] = []
+    batch: list[_M] = []
+    size = 0
+    for item in items:
+        n = len(item.model_dump_json())
+        if batch and (len(batch) >= count or size + n > MAX_BATCH_BYTES):
+            out.append(batch)
+            batch, size = [], 0
+        batch.append(item)
+        size += n
+    if batch:
+        out.append(batch)
+    return out
+
+
+def _check_size(what: str, arg: object) -> None:
+    """Refuse, before sending, a request too big for Temporal (ForgeError, bad input)."""
+    if not isinstance(arg, BaseModel):
+        return
+    size = len(arg.model_dump_json())
+    if size > MAX_REQUEST_BYTES:
+        raise ForgeError(
+            f"{what}: the request is {size / 1024:,.0f} KiB as JSON; one request may carry "
+            f"at most {MAX_REQUEST_BYTES // 1024:,} KiB (Temporal refuses payloads over 2 MiB)",
+            bad_input=True,
+        )
 
 
 class ForgeClient:
@@ -175,10 +221,14 @@ class ForgeClient:
     # -- nodes --------------------------------------------------------------------------
     async def register_nodes(self, nodes: Sequence[Node]) -> int:
         """Signal nodes in batches (one history event per batch, not per node)."""
+        batches = _batches(nodes, c.MAX_NODES_PER_SIGNAL)
+        signals = [c.RegisterNodes(nodes=b) for b in batches]
+        for sig in signals:
+            _check_size(c.SIGNAL_REGISTER_NODE, sig)
         await self.start()
         handle = self.handle()
-        for chunk in _chunks(nodes, c.MAX_NODES_PER_SIGNAL):
-            await handle.signal(c.SIGNAL_REGISTER_NODE, c.RegisterNodes(nodes=list(chunk)))
+        for sig in signals:
+            await handle.signal(c.SIGNAL_REGISTER_NODE, sig)
         return len(nodes)
 
     async def remove_node(self, node_id: str) -> None:
@@ -196,6 +246,7 @@ class ForgeClient:
     async def submit_job(self, job: Job, *, wait: bool = True) -> c.JobResult:
         """Store the job and plan it; starts the cluster workflow if needed."""
         req = c.SubmitJob(job=job, wait=wait)
+        _check_size(c.UPDATE_SUBMIT_JOB, req)
         if not self._running:
             # one caller starts the workflow; concurrent callers wait and then update
             if self._starting is None:
@@ -238,6 +289,10 @@ class ForgeClient:
                 with contextlib.suppress(Exception):
                     await op.workflow_handle()
                 if isinstance(err, WorkflowUpdateFailedError):
+                    if _busy_refusal(err):  # it is running, about to continue as new
+                        self._running = True
+                        result = await self._update(c.UPDATE_SUBMIT_JOB, req, c.JobResult)
+                        return result
                     raise _refused(err) from err
                 if with_attrs and "search attribute" in str(err).lower():
                     continue
@@ -245,14 +300,12 @@ class ForgeClient:
         raise AssertionError("unreachable")
 
     async def submit_jobs(self, jobs: Sequence[Job], *, wait: bool = False) -> list[c.JobResult]:
-        """Submit many jobs in batches of ``MAX_JOBS_PER_UPDATE`` (few round trips)."""
+        """Submit many jobs in batches of ``MAX_JOBS_PER_UPDATE`` jobs and at most
+        ``MAX_BATCH_BYTES`` of JSON (few round trips, every payload far below 2 MiB)."""
         if not jobs:
             return []
+        batches = _batches(jobs[1:], c.MAX_JOBS_PER_UPDATE)
         first = await self.submit_job(jobs[0], wait=wait)  # starts the workflow if needed
-        batches = [
-            list(jobs[i : i + c.MAX_JOBS_PER_UPDATE])
-            for i in range(1, len(jobs), c.MAX_JOBS_PER_UPDATE)
-        ]
 
         async def one(batch: list[Job]) -> list[c.JobResult]:
             res: list[c.JobResult] = await self._update(
@@ -314,12 +367,17 @@ class ForgeClient:
 
     # -- helpers ------------------------------------------------------------------------
     async def _update(self, name: str, arg: Any, result_type: Any) -> Any:
-        try:
-            return await self._admitted(
-                lambda: self.handle().execute_update(name, arg, result_type=result_type)
-            )
-        except WorkflowUpdateFailedError as err:
-            raise _refused(err) from err
+        _check_size(name, arg)
+        for delay in (*_RETRY_DELAYS, None):
+            try:
+                return await self._admitted(
+                    lambda: self.handle().execute_update(name, arg, result_type=result_type)
+                )
+            except WorkflowUpdateFailedError as err:
+                if delay is None or not _busy_refusal(err):
+                    raise _refused(err) from err
+            await asyncio.sleep(delay)  # outside the in-flight budget
+        raise AssertionError("unreachable")
 
     async def _admitted(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """Run an update call within the in-flight budget, retrying when busy."""
@@ -339,4 +397,8 @@ class ForgeClient:
 def _refused(err: WorkflowUpdateFailedError) -> ForgeError:
     cause = err.cause
     message = getattr(cause, "message", None) or str(cause or err)
-    return ForgeError(message, bad_input=True)
+    if isinstance(cause, ApplicationError) and isinstance(cause.cause, ApplicationError):
+        # the SDK could not decode the request ("Failed decoding arguments"): the
+        # inner failure says which field (a client and worker of different versions)
+        message = f"{message}: {cause.cause.message}"
+    return ForgeError(message, bad_input=not _busy_refusal(err))

@@ -17,9 +17,11 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 __all__ = [
+    "MAX_BATCH_BYTES",
     "MAX_CPU",
     "MAX_GPUS",
     "MAX_GROUPS",
+    "MAX_JOB_BYTES",
     "MAX_MEMORY",
     "MAX_REPLICAS",
     "MAX_TASKS",
@@ -57,6 +59,14 @@ MAX_LABELS = 64
 MAX_ENV = 256
 MAX_ARGS = 256
 MAX_STRING = 4096
+#: One job spec, as JSON. The field limits above allow specs of gigabytes (64 groups
+#: x 64 tasks x 256 args of 4 KiB), and one over Temporal's 2 MiB payload limit
+#: wedges the cluster workflow (every workflow task that carries it fails).
+MAX_JOB_BYTES = 128 * 1024
+#: Jobs or nodes carried by one update or signal, as JSON: the client splits bigger
+#: batches, the workflow's validators refuse them and queue at most this much job
+#: data for one store write.
+MAX_BATCH_BYTES = 1024 * 1024
 
 #: Names are path segments of a workload id (``job/group/ordinal``): no ``/``, no
 #: whitespace or control characters, at most 63 characters (a DNS label's length).
@@ -273,6 +283,19 @@ class Job(_Model):
             raise ValueError(f"duplicate group names: {', '.join(dupes)}")
         return self
 
+    @model_validator(mode="after")
+    def _size(self) -> Self:
+        # Serialise only when a cheap upper bound says the spec could be too big.
+        if _json_bound(self) > MAX_JOB_BYTES:
+            size = len(self.model_dump_json())
+            if size > MAX_JOB_BYTES:
+                raise ValueError(
+                    f"the job spec is {size / 1024:,.0f} KiB as JSON; the limit is "
+                    f"{MAX_JOB_BYTES // 1024} KiB (keep large data such as files out of "
+                    "args and env)"
+                )
+        return self
+
     def group(self, name: str) -> TaskGroup | None:
         for g in self.groups:
             if g.name == name:
@@ -291,6 +314,24 @@ class Job(_Model):
                 g = g.model_copy(update={"scaling": scaling})
             groups.append(g)
         return self.model_copy(update={"groups": tuple(groups)})
+
+
+def _json_bound(job: Job) -> int:
+    """An upper bound on ``len(job.model_dump_json())``: every user string at its
+    worst JSON escaping (6 bytes a character) plus a generous fixed cost for the
+    rest of each group, constraint and task."""
+    chars = 0
+    fixed = 1024
+    for g in job.groups:
+        fixed += 2048
+        for con in g.constraints:
+            fixed += 64 + 8 * len(con.values)
+            chars += len(con.label) + sum(map(len, con.values))
+        for t in g.tasks:
+            words = (*(t.command or ()), *t.args, *t.env, *t.env.values(), *t.resources.gpu.models)
+            fixed += 512 + 8 * len(words)
+            chars += sum(map(len, words))
+    return fixed + 6 * chars
 
 
 class Request(_Model):
@@ -377,4 +418,4 @@ class Pending(_Model):
 
 
 def is_valid_name(value: str) -> bool:
-    return bool(_NAME_RE.match(value))
+    return bool(_NAME_RE.fullmatch(value))  # not match: "$" also matches before a final "\n"

@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from forge import activity_contract as ac
     from forge import contract as c
     from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
-    from forge.models import AssignmentStatus, Job, Node, NodeState, workload_id
+    from forge.models import MAX_BATCH_BYTES, AssignmentStatus, Job, Node, NodeState, workload_id
     from forge.placement import Binding, Cluster, explain_node
     from forge.reconcile import FailureHistory, PendingEntry, Plan, reconcile
     from forge.stores.base import ApplyResult, JobPage, rows_digest
@@ -61,6 +61,9 @@ SA_BOUND = SearchAttributeKey.for_int(c.SA_BOUND)
 SA_NODES = SearchAttributeKey.for_int(c.SA_NODES)
 
 PENDING_SHOWN = 200  # pending replicas listed by the status query (the rest are counted)
+#: ApplicationError type of an update refused while the run is due to continue as
+#: new: nothing reached history, and the client retries it (forge.client matches it).
+BUSY = "Busy"
 
 
 class DivergenceError(RuntimeError):
@@ -85,6 +88,8 @@ class ClusterWorkflow:
         self.jobs_revision = 0
         self.known_revision = 0
         self.job_queue: dict[str, Job | None] = {}
+        # Taken off the queue and being written/loaded: handlers still see them.
+        self.job_writing: dict[str, Job | None] = {}
         self.ticket = 0
         self.written_ticket = 0
         self.planned_ticket = 0
@@ -110,6 +115,7 @@ class ClusterWorkflow:
         # over replays every pass, so the run ends before replay gets slow.
         self.replay_cost = 0
         self.updates = 0  # accepted in this run
+        self.queued_bytes = 0  # job JSON queued by handlers since the queue was empty
 
     # -- the loop -----------------------------------------------------------------------
     @workflow.run
@@ -203,7 +209,11 @@ class ClusterWorkflow:
 
         if self._watch_done():
             assert self.watch is not None
-            news = self.watch.result()
+            try:
+                news = self.watch.result()
+            except ActivityError as err:  # it retries forever; only a cancel gets here
+                workflow.logger.warning("store watch ended: %s", err)
+                news = ac.WatchOut(jobs_revision=0, reports_seq=0)
             self.watch = None
             self.known_revision = max(self.known_revision, news.jobs_revision)
             self.known_reports_seq = max(self.known_reports_seq, news.reports_seq)
@@ -217,8 +227,7 @@ class ClusterWorkflow:
 
         # jobs, reports, metrics
         if now - self.last_resync >= self.opts.resync_seconds:
-            self.jobs = {}
-            self.jobs_revision = 0
+            self.jobs_revision = 0  # a full reload (swapped in when complete)
             self.last_resync = now
         written = self.written_ticket
         if self.job_queue:
@@ -226,6 +235,7 @@ class ClusterWorkflow:
             written = self.written_ticket
         if self.known_revision > self.jobs_revision or not self.jobs_revision:
             await self._load_jobs()
+        self.job_writing = {}  # now in self.jobs
         if self.known_reports_seq > self.reports_seq:
             await self._load_reports()
         await self._autoscale(now)
@@ -353,6 +363,7 @@ class ClusterWorkflow:
 
     async def _write_jobs(self) -> None:
         queue, self.job_queue = self.job_queue, {}
+        self.job_writing = {**self.job_writing, **queue}
         ticket = self.ticket
         out: ac.WriteJobsOut = await self._act(
             ac.ACT_WRITE_JOBS,
@@ -368,6 +379,9 @@ class ClusterWorkflow:
         self.written_ticket = ticket
 
     async def _load_jobs(self) -> None:
+        # A full load (from revision 0) fills a fresh map and swaps it in at the
+        # end, so the jobs never vanish from the handlers' view while pages arrive.
+        jobs = self.jobs if self.jobs_revision else {}
         while True:
             page: JobPage = await self._act(
                 ac.ACT_JOB_CHANGES,
@@ -379,12 +393,18 @@ class ClusterWorkflow:
             )
             for ch in page.changes:
                 if ch.job is None:
-                    self.jobs.pop(ch.job_id, None)
+                    jobs.pop(ch.job_id, None)
                 else:
-                    self.jobs[ch.job_id] = ch.job
+                    old = jobs.get(ch.job_id)
+                    if old is not None and old != ch.job:
+                        # a changed request may fit where the old one did not:
+                        # backed-off replicas get another try now
+                        self.capacity_changed = True
+                    jobs[ch.job_id] = ch.job
             self.jobs_revision = max(self.jobs_revision, page.revision)
             if not page.more:
                 break
+        self.jobs = jobs
         self.known_revision = max(self.known_revision, self.jobs_revision)
 
     async def _load_reports(self) -> None:
@@ -560,6 +580,7 @@ class ClusterWorkflow:
     async def submit_job(self, req: c.SubmitJob) -> c.JobResult:
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
+        await self._reserve(_json_size(req.job))
         ticket = self._queue_job(req.job.id, req.job)
         return await self._settle(req.job.id, ticket, wait=req.wait)
 
@@ -567,6 +588,7 @@ class ClusterWorkflow:
     def _validate_submit(self, req: c.SubmitJob) -> None:
         # The payload already passed the models' validation (a bad spec never gets
         # here). Jobs may arrive before any node: they wait, pending, with reasons.
+        self._refuse_if_busy()
         if not req.job.groups:
             raise ValueError("job has no groups")
 
@@ -574,6 +596,7 @@ class ClusterWorkflow:
     async def submit_jobs(self, req: c.SubmitJobs) -> list[c.JobResult]:
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
+        await self._reserve(sum(_json_size(j) for j in req.jobs))
         tickets = [self._queue_job(j.id, j) for j in req.jobs]
         if req.wait:
             await workflow.wait_condition(lambda: self.planned_ticket >= tickets[-1])
@@ -583,6 +606,13 @@ class ClusterWorkflow:
 
     @submit_jobs.validator
     def _validate_submit_jobs(self, req: c.SubmitJobs) -> None:
+        self._refuse_if_busy()
+        size = sum(_json_size(j) for j in req.jobs)
+        if size > MAX_BATCH_BYTES:
+            raise ValueError(
+                f"{len(req.jobs)} jobs of {size / 1024:,.0f} KiB as JSON in one update; the "
+                f"limit is {MAX_BATCH_BYTES // 1024} KiB: send them in smaller batches"
+            )
         ids = [j.id for j in req.jobs]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -592,7 +622,9 @@ class ClusterWorkflow:
     async def scale(self, req: c.ScaleGroup) -> c.JobResult:
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
-        job = self._current_job(req.job_id)
+        current = self._current_job(req.job_id)
+        await self._reserve(_json_size(current) if current is not None else 0)
+        job = self._current_job(req.job_id)  # again: it may have changed meanwhile
         if job is None or job.group(req.group) is None:
             raise ApplicationError(f"no group {req.job_id}/{req.group}", type="InvalidInput")
         ticket = self._queue_job(req.job_id, job.with_desired(req.group, req.count))
@@ -600,6 +632,7 @@ class ClusterWorkflow:
 
     @scale.validator
     def _validate_scale(self, req: c.ScaleGroup) -> None:
+        self._refuse_if_busy()
         if not self.ready:
             return  # checked again by the handler once the state is loaded
         job = self._current_job(req.job_id)
@@ -619,6 +652,7 @@ class ClusterWorkflow:
 
     @stop_job.validator
     def _validate_stop(self, req: c.StopJob) -> None:
+        self._refuse_if_busy()
         if self.ready and self._current_job(req.job_id) is None:
             raise ValueError(f"unknown job {req.job_id!r}")
 
@@ -634,6 +668,7 @@ class ClusterWorkflow:
 
     @drain_node.validator
     def _validate_drain(self, req: c.DrainNode) -> None:
+        self._refuse_if_busy()
         if not self.ready:
             return
         node = self.nodes.get(req.node_id)
@@ -658,6 +693,7 @@ class ClusterWorkflow:
 
     @report_failed.validator
     def _validate_report(self, req: c.ReportFailed) -> None:
+        self._refuse_if_busy()
         if not self.ready:
             return
         unknown = [w for w in req.workload_ids if w not in self.bindings]
@@ -665,10 +701,37 @@ class ClusterWorkflow:
             shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             raise ValueError(f"not bound: {shown}")
 
+    def _refuse_if_busy(self) -> None:
+        """Refuse new updates while this run is due to continue as new.
+
+        The loop continues as new only once it is idle, so a steady stream of updates
+        would keep one run growing past the server's limits (2,000 updates, then
+        51,200 events): the server then refuses every update. A refused update
+        leaves nothing in history and the client retries it, reaching the next run.
+        """
+        if self._continue_as_new_due():
+            raise ApplicationError(
+                "the cluster workflow is continuing as new; retry shortly", type=BUSY
+            )
+
+    async def _reserve(self, size: int) -> None:
+        """Backpressure: handlers queue at most MAX_BATCH_BYTES of job JSON for one
+        store write (whose activity input must stay under Temporal's 2 MiB payload
+        limit, or every workflow task fails); one that would overflow the queue waits
+        for the next pass to take it. Returns at once, without yielding, when there
+        is room, so small submissions run exactly as before."""
+        while self.job_queue and self.queued_bytes + size > MAX_BATCH_BYTES:
+            await workflow.wait_condition(lambda: not self.job_queue)
+        if not self.job_queue:
+            self.queued_bytes = 0
+        self.queued_bytes += size
+
     def _current_job(self, job_id: str) -> Job | None:
-        """The job as it will be after the queued writes."""
+        """The job as it will be after the queued writes (and those in flight)."""
         if job_id in self.job_queue:
             return self.job_queue[job_id]
+        if job_id in self.job_writing:
+            return self.job_writing[job_id]
         return self.jobs.get(job_id)
 
     def _queue_job(self, job_id: str, job: Job | None) -> int:
@@ -871,6 +934,10 @@ class ClusterWorkflow:
             retry_policy=STORE_RETRY,
             summary=summary[:200],
         )
+
+
+def _json_size(job: Job) -> int:
+    return len(job.model_dump_json())
 
 
 def _row(b: Binding) -> ac.BindRow:

@@ -1,0 +1,370 @@
+"""What every fault test checks after a fault, and the figures it records.
+
+After a fault the cluster must converge, and then:
+
+- every invariant holds over the store (``forge.invariants.violations``: no node
+  over capacity, no GPU held twice, no replica bound twice, nothing on a lost or
+  draining node, bound ⊆ desired);
+- the store equals the workflow's state (the assignments query vs the store);
+- nothing submitted is lost: every job the test submitted (with its latest
+  scaling) is in the store and in the workflow, and all its replicas are bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.service import RPCError
+
+from forge import activity_contract as ac
+from forge import contract as c
+from forge.client import ForgeClient
+from forge.invariants import violations
+from forge.models import Assignment, Job, Node, workload_id
+from forge.stores import Store
+from tests.e2e.procs import eventually
+
+__all__ = [
+    "Settled",
+    "all_assignments",
+    "all_nodes",
+    "desired_ids",
+    "history_figures",
+    "record_figures",
+    "reset_run",
+    "retrying",
+    "save_histories",
+    "server_refusal",
+    "settle",
+    "store_violations",
+    "stuck_on_nondeterminism",
+]
+
+T = TypeVar("T")
+
+#: Client errors a fault may cause on the way to the server (the server or the
+#: workflow's worker is away); the call is retried. Every call the tests retry is
+#: idempotent (submit the same spec, scale to the same count, signal a node).
+TRANSIENT = (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError)
+
+#: The marker of a nondeterminism error in a workflow task failure.
+NDE = "[TMPRL1100]"
+
+
+#: Update failures that are not the caller's fault (``ForgeClient`` reports them as
+#: bad input): "UnprocessedUpdate", the worker that took the update's workflow task
+#: never answered it (nothing entered history); "AcceptedUpdateCompletedWorkflow",
+#: the run ended (a reset) before the accepted update completed. Retrying the
+#: tests' idempotent calls is safe after either.
+SERVER_REFUSALS = ("UnprocessedUpdate", "AcceptedUpdateCompletedWorkflow")
+
+
+def server_refusal(err: BaseException) -> str | None:
+    """Which of ``SERVER_REFUSALS`` caused ``err``, if any."""
+    cause: BaseException | None = err
+    while cause is not None:
+        text = f"{getattr(cause, 'type', '')} {cause}"
+        for kind in SERVER_REFUSALS:
+            if kind in text:
+                return kind
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    return None
+
+
+def all_assignments(store: Store, cluster: str) -> list[Assignment]:
+    return store.assignments(cluster, limit=1_000_000)
+
+
+def all_nodes(store: Store, cluster: str) -> list[Node]:
+    return store.nodes(cluster, limit=1_000_000)
+
+
+def desired_ids(jobs: Mapping[str, Job]) -> set[str]:
+    return {
+        workload_id(j.id, g.name, i)
+        for j in jobs.values()
+        for g in j.groups
+        for i in range(g.scaling.desired)
+    }
+
+
+async def store_violations(store: Store, cluster: str) -> list[str]:
+    """Invariants 1-3 over what the store holds right now, mid-flight (a lost
+    node may still hold replicas until the next pass, so not invariant 5)."""
+
+    def read() -> list[str]:
+        stored = all_assignments(store, cluster)
+        out = violations(all_nodes(store, cluster), stored, settled=False)
+        ids = [a.workload_id for a in stored]
+        if len(ids) != len(set(ids)):
+            out.append("the store lists a replica twice")
+        return out
+
+    return await asyncio.to_thread(read)
+
+
+@dataclass
+class Settled:
+    seconds: float  # from the call until the cluster had converged
+    bound: int
+    status: c.StatusView
+
+
+async def settle(
+    fc: ForgeClient,
+    store: Store,
+    jobs: Mapping[str, Job],
+    *,
+    timeout: float = 90.0,
+    what: str = "convergence",
+) -> Settled:
+    """Wait until the cluster has converged on ``jobs``, then check everything
+    (see the module docstring). Fails with the reason if anything is off."""
+    want = desired_ids(jobs)
+    started = time.monotonic()
+    status = await eventually(
+        fc.status,
+        lambda s: (
+            s.summary.jobs == len(jobs)
+            and s.summary.desired == len(want)
+            and s.summary.bound == len(want)
+            and s.summary.pending == 0
+        ),
+        timeout=timeout,
+        what=what,
+    )
+    seconds = time.monotonic() - started
+
+    # the store equals the workflow's state (the last pass persisted before it
+    # committed, so this holds at once unless another pass is under way)
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        shown = await fc.assignments()
+        stored = await asyncio.to_thread(all_assignments, store, fc.cluster)
+        assert len(shown) == len({a.workload_id for a in shown}), "query lists a replica twice"
+        return (
+            {a.workload_id: (a.node, tuple(a.gpu_ids), a.status) for a in shown},
+            {a.workload_id: (a.node, tuple(a.gpu_ids), str(a.status)) for a in stored},
+        )
+
+    shown, _ = await eventually(
+        both, lambda p: p[0] == p[1], timeout=10, what="store == workflow state"
+    )
+    assert set(shown) == want, (
+        f"bound != desired: missing {sorted(want - set(shown))[:5]}, "
+        f"extra {sorted(set(shown) - want)[:5]}"
+    )
+
+    # invariants over the store, settled: bound ⊆ desired, nothing on lost nodes
+    nodes = await asyncio.to_thread(all_nodes, store, fc.cluster)
+    assignments = await asyncio.to_thread(all_assignments, store, fc.cluster)
+    assert violations(nodes, assignments, desired=want, settled=True) == []
+
+    # nothing submitted is lost: the store holds every job at its latest scaling
+    stored_jobs = {j.id: j for j in await asyncio.to_thread(store.list_jobs, fc.cluster)}
+    assert set(stored_jobs) == set(jobs), (
+        f"jobs lost: {sorted(set(jobs) - set(stored_jobs))}, "
+        f"unexpected: {sorted(set(stored_jobs) - set(jobs))}"
+    )
+    for jid, job in jobs.items():
+        got = {g.name: g.scaling.desired for g in stored_jobs[jid].groups}
+        assert got == {g.name: g.scaling.desired for g in job.groups}, f"{jid}: {got}"
+
+    desc = await fc.handle().describe()
+    assert desc.status == WorkflowExecutionStatus.RUNNING, desc.status
+    return Settled(seconds=seconds, bound=len(want), status=status)
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    *,
+    counters: Counter[str] | None = None,
+    timeout: float = 120.0,
+) -> T:
+    """Run ``call``, retrying transient client errors (see ``TRANSIENT``) until
+    ``timeout``. The pause between tries is a backoff, not synchronisation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except Exception as err:
+            refusal = server_refusal(err)
+            if not (refusal or isinstance(err, TRANSIENT)):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            if counters is not None:
+                counters["client_retries"] += 1
+                if refusal:
+                    counters[f"update_failed.{refusal}"] += 1
+            await asyncio.sleep(0.25)
+
+
+async def stuck_on_nondeterminism(client: Client, workflow_id: str) -> dict[str, Any] | None:
+    """If the workflow's current run is stuck on a workflow task that fails with a
+    nondeterminism error, return ``{"run_id", "message", "reset_to"}``: the failure
+    and the event id of the workflow task completion to reset to (the one that
+    recorded the commands replay disagrees with). None if it is not stuck."""
+    desc = await client.get_workflow_handle(workflow_id).describe()
+    pending = desc.raw_description.pending_workflow_task
+    if desc.status != WorkflowExecutionStatus.RUNNING or pending.attempt < 2:
+        return None
+    failed: Any = None
+    completed: list[int] = []
+    handle = client.get_workflow_handle(workflow_id, run_id=desc.run_id)
+    async for ev in handle.fetch_history_events():
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            failed = ev
+        elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            completed.append(ev.event_id)
+            failed = None
+    if failed is None:
+        return None
+    message = failed.workflow_task_failed_event_attributes.failure.message
+    if NDE not in message:
+        return None
+    match = re.search(r"HistoryEvent\(id: (\d+)", message)
+    bad = int(match.group(1)) if match else failed.event_id
+    before = [e for e in completed if e < bad]
+    return {"run_id": desc.run_id, "message": message, "reset_to": before[-1] if before else 0}
+
+
+async def reset_run(client: Client, workflow_id: str, run_id: str, event_id: int) -> str:
+    """``temporal workflow reset``: a new run re-executes from the workflow task that
+    completed at ``event_id`` (signals and updates after it are reapplied)."""
+    resp = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+            reason="fault test: recover from a nondeterminism error",
+            workflow_task_finish_event_id=event_id,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    return str(resp.run_id)
+
+
+async def history_figures(client: Client, workflow_id: str) -> dict[str, Any]:
+    """Figures from the workflow's histories (every run of the continue-as-new
+    chain): passes persisted, bindings persisted, activity retries, workflow
+    tasks timed out (a worker killed holding one) or failed (a bug).
+
+    ``stalled_tasks`` details each workflow task that timed out after it was
+    started: who started it (``pid@host``), when it was scheduled and started."""
+    figures: Counter[str] = Counter()
+    stalled: list[dict[str, Any]] = []
+    run_id: str | None = (await client.get_workflow_handle(workflow_id).describe()).run_id
+    while run_id:
+        figures["runs"] += 1
+        previous: str | None = None
+        scheduled: dict[int, str] = {}
+        wft: dict[int, Any] = {}  # workflow task event id -> its event
+        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+        async for ev in handle.fetch_history_events():
+            t = ev.event_type
+            if t == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                attrs = ev.workflow_execution_started_event_attributes
+                previous = attrs.continued_execution_run_id or None
+            elif t == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                sa = ev.activity_task_scheduled_event_attributes
+                name = sa.activity_type.name
+                scheduled[ev.event_id] = name
+                if name == ac.ACT_PERSIST:
+                    (persist,) = await client.data_converter.decode(
+                        sa.input.payloads, [ac.PersistIn]
+                    )
+                    figures["passes_persisted"] += 1
+                    figures["bindings_persisted"] += len(persist.bind)
+                    figures["releases_persisted"] += len(persist.release)
+            elif t == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                st = ev.activity_task_started_event_attributes
+                if st.attempt > 1:
+                    name = scheduled.get(st.scheduled_event_id, "?").removeprefix("forge.")
+                    figures[f"activity_retries.{name}"] += st.attempt - 1
+                    figures["activity_retries"] += st.attempt - 1
+            elif t in (
+                EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+                EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+            ):
+                wft[ev.event_id] = ev
+            elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                to = ev.workflow_task_timed_out_event_attributes
+                if to.timeout_type == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE:
+                    figures["workflow_task_timeouts.start_to_close"] += 1
+                    started = wft.get(to.started_event_id)
+                    sched = wft.get(to.scheduled_event_id)
+                    if started is not None and sched is not None:
+                        stalled.append(
+                            {
+                                "identity": started.workflow_task_started_event_attributes.identity,
+                                "scheduled_at": _epoch(sched.event_time),
+                                "started_at": _epoch(started.event_time),
+                                "timed_out_at": _epoch(ev.event_time),
+                            }
+                        )
+                else:
+                    figures["workflow_task_timeouts.schedule_to_start"] += 1
+            elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                cause = ev.workflow_task_failed_event_attributes.cause
+                figures[f"workflow_task_failed.{cause}"] += 1
+                figures["workflow_task_failed"] += 1
+        run_id = previous
+    out: dict[str, Any] = dict(figures)
+    if stalled:
+        out["stalled_tasks"] = stalled
+    return out
+
+
+async def save_histories(client: Client, workflow_id: str, folder: Path) -> list[Path]:
+    """Write every run's history as JSON (replay them with ``temporalio.worker.Replayer``
+    to reproduce a nondeterminism or a bug offline); returns the files."""
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    out: list[Path] = []
+    run_id: str | None = (await client.get_workflow_handle(workflow_id).describe()).run_id
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        path = folder / f"{workflow_id}-{run_id}.json"
+        await asyncio.to_thread(path.write_text, history.to_json())
+        out.append(path)
+        first = history.events[0].workflow_execution_started_event_attributes
+        run_id = first.continued_execution_run_id or None
+    return out
+
+
+def _epoch(ts: Any) -> float:
+    return float(ts.seconds) + ts.nanos / 1e9
+
+
+def record_figures(test: str, figures: Mapping[str, Any]) -> None:
+    """Print a test's figures (visible with ``-s``) and, when ``FORGE_FAULT_REPORT``
+    names a file, merge them into it as JSON (one key per test)."""
+    print(f"\n[fault figures] {test}: {json.dumps(figures, sort_keys=True)}")
+    path = os.environ.get("FORGE_FAULT_REPORT")
+    if not path:
+        return
+    target = Path(path)
+    data: dict[str, Any] = {}
+    if target.exists():
+        try:
+            data = json.loads(target.read_text())
+        except json.JSONDecodeError:
+            data = {}
+    data[test] = dict(figures)
+    target.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

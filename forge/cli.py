@@ -525,6 +525,8 @@ async def _connect(settings: Settings, timeout: float) -> Client:
         raise CommandError(
             f"cannot connect to Temporal at {settings.address}: no answer within {timeout:g} s"
         ) from None
+    except SettingsError:
+        raise  # an unreadable TLS file: bad input (exit 2), not a connection failure
     except (RuntimeError, OSError, ValueError) as err:
         raise CommandError(
             f"cannot connect to Temporal at {settings.address}: {_connect_problem(err)}"
@@ -605,8 +607,10 @@ def _quiet_sdk_orphans(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
 
 
 def _safe_url(url: str) -> str:
-    """A store URL without its password, for messages."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    """A store URL without its password (``user:PASSWORD@`` or ``?password=``), for
+    messages."""
+    url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1***", url)
 
 
 def _open_existing_store(url: str) -> Store:
@@ -639,12 +643,15 @@ def _store_call(fn: Callable[[], _T], url: str) -> _T:
 
     from forge.stores import StoreError
 
-    errors: tuple[type[BaseException], ...] = (StoreError, OSError, sqlite3.Error)
-    if "psycopg" in sys.modules:
-        errors += (sys.modules["psycopg"].Error,)
     try:
         return fn()
-    except errors as err:
+    except Exception as err:
+        # psycopg is imported by fn itself (when it opens a PostgreSQL store), so its
+        # error class can only be looked up now
+        pg = sys.modules.get("psycopg")
+        errors: tuple[type[BaseException], ...] = (StoreError, OSError, sqlite3.Error)
+        if not (isinstance(err, errors) or (pg is not None and isinstance(err, pg.Error))):
+            raise
         raise CommandError(f"store {_safe_url(url)}: {_one_line(str(err))}") from None
 
 

@@ -232,10 +232,10 @@ class ForgeClient:
         return len(nodes)
 
     async def remove_node(self, node_id: str) -> None:
-        await self.handle().signal(c.SIGNAL_REMOVE_NODE, c.NodeRef(node_id=node_id))
+        await self._signal(c.SIGNAL_REMOVE_NODE, c.NodeRef(node_id=node_id))
 
     async def node_lost(self, node_id: str) -> None:
-        await self.handle().signal(c.SIGNAL_NODE_LOST, c.NodeRef(node_id=node_id))
+        await self._signal(c.SIGNAL_NODE_LOST, c.NodeRef(node_id=node_id))
 
     async def drain_node(self, node_id: str) -> int:
         """Returns how many replicas were moved off the node."""
@@ -366,6 +366,10 @@ class ForgeClient:
         return res
 
     # -- helpers ------------------------------------------------------------------------
+    async def _signal(self, name: str, arg: BaseModel) -> None:
+        _check_size(name, arg)
+        await self.handle().signal(name, arg)
+
     async def _update(self, name: str, arg: Any, result_type: Any) -> Any:
         _check_size(name, arg)
         for delay in (*_RETRY_DELAYS, None):

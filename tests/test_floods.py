@@ -269,6 +269,35 @@ async def test_ten_thousand_updates_in_bursts(dev_env: WorkflowEnvironment) -> N
         assert len(poller.latencies) >= 10
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "known gap: the new run's bootstrap loads jobs in pages of ClusterOptions.job_page "
+        "(500) jobs whatever their size, so 40 jobs of 100 KiB (4 MB) make one activity "
+        "result over Temporal's 2 MiB limit and the run never finishes loading; the store "
+        "activities must bound a page by bytes (see docs/limits.md)"
+    ),
+)
+async def test_large_jobs_survive_a_continue_as_new(dev_env: WorkflowEnvironment) -> None:
+    opts = default_options(max_passes_per_run=3)
+    async with cluster(dev_env.client, options=opts) as (fc, _):
+        await fc.register_nodes([node("n1", cpu=64000, memory=1 << 20)])
+        rnd = random.Random(11)
+        jobs = [_large(f"large{i:02d}", rnd) for i in range(40)]
+        await fc.submit_jobs(jobs)
+        await eventually(
+            fc, lambda s: s.summary.generation > 1 and s.summary.jobs == len(jobs), timeout=15
+        )
+
+
+def _large(name: str, rnd: random.Random) -> Job:
+    """A job with 100 KiB of random letters in its args (within MAX_JOB_BYTES)."""
+    args = ["".join(rnd.choices("abcdefghijklmnopqrstuvwxyz", k=1000)) for _ in range(100)]
+    task = {"name": "t", "args": args, "resources": {"cpu": 10, "memory": 16}}
+    return Job.model_validate({"name": name, "groups": [{"name": "main", "tasks": [task]}]})
+
+
 def _job(name: str, desired: int) -> Job:
     return job(name, replicas=desired, cpu=10, memory=16)
 

@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import Counter
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    import pydantic
+
     from forge import activity_contract as ac
     from forge import contract as c
     from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
@@ -562,18 +565,29 @@ class ClusterWorkflow:
         return wake, why
 
     # -- signals ------------------------------------------------------------------------
+    # Signals cannot be refused, so the handlers take their payload raw (``*args``:
+    # the SDK then decodes it without a type) and validate it here, dropping what
+    # does not match the contract with a warning. A typed handler would raise on a
+    # null payload, on no payload or on two (the SDK passes those through), and an
+    # exception in a handler fails the workflow task: the workflow would be stuck
+    # retrying it for ever.
     @workflow.signal(name=c.SIGNAL_REGISTER_NODE)
-    def register_node(self, req: c.RegisterNodes) -> None:
-        for node in req.nodes:
+    def register_node(self, *args: Any) -> None:
+        req = _signal_payload(c.SIGNAL_REGISTER_NODE, c.RegisterNodes, args)
+        for node in req.nodes if req is not None else ():
             self.inbox.append(("register", node))
 
     @workflow.signal(name=c.SIGNAL_REMOVE_NODE)
-    def remove_node(self, req: c.NodeRef) -> None:
-        self.inbox.append(("remove", req.node_id))
+    def remove_node(self, *args: Any) -> None:
+        req = _signal_payload(c.SIGNAL_REMOVE_NODE, c.NodeRef, args)
+        if req is not None:
+            self.inbox.append(("remove", req.node_id))
 
     @workflow.signal(name=c.SIGNAL_NODE_LOST)
-    def node_lost(self, req: c.NodeRef) -> None:
-        self.inbox.append(("lost", req.node_id))
+    def node_lost(self, *args: Any) -> None:
+        req = _signal_payload(c.SIGNAL_NODE_LOST, c.NodeRef, args)
+        if req is not None:
+            self.inbox.append(("lost", req.node_id))
 
     # -- updates ------------------------------------------------------------------------
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
@@ -934,6 +948,28 @@ class ClusterWorkflow:
             retry_policy=STORE_RETRY,
             summary=summary[:200],
         )
+
+
+_Payload = TypeVar("_Payload", bound=pydantic.BaseModel)
+
+
+def _signal_payload(name: str, model: type[_Payload], args: tuple[Any, ...]) -> _Payload | None:
+    """The one argument of a signal as ``model`` (validated in JSON mode, as a typed
+    handler would), or None, logged, when it is not one."""
+    problem = f"expected one argument, got {len(args)}"
+    if len(args) == 1:
+        try:
+            return model.model_validate_json(json.dumps(args[0]))
+        except pydantic.ValidationError as err:
+            shown = [
+                f"{'.'.join(map(str, e['loc'])) or '(payload)'}: {e['msg']}"
+                for e in err.errors()[:3]
+            ]
+            problem = f"{err.error_count()} problem(s): " + "; ".join(shown)
+        except (TypeError, ValueError) as err:  # not JSON data at all
+            problem = f"not a {model.__name__}: {type(err).__name__}"
+    workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
+    return None
 
 
 def _json_size(job: Job) -> int:

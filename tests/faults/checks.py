@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
 import uuid
 from collections import Counter
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import (
     Client,
@@ -64,6 +63,11 @@ T = TypeVar("T")
 #: workflow's worker is away); the call is retried. Every call the tests retry is
 #: idempotent (submit the same spec, scale to the same count, signal a node).
 TRANSIENT = (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError)
+
+#: Workflow task failures that are part of normal operation: the server refused a
+#: completion (e.g. a continue-as-new) because new events arrived meanwhile; the
+#: worker retries with them. Any other failure counts as ``workflow_task_failed``.
+BENIGN_TASK_FAILURES = ("unhandled_command",)
 
 #: The marker of a nondeterminism error in a workflow task failure.
 NDE = "[TMPRL1100]"
@@ -220,8 +224,10 @@ async def retrying(
 async def stuck_on_nondeterminism(client: Client, workflow_id: str) -> dict[str, Any] | None:
     """If the workflow's current run is stuck on a workflow task that fails with a
     nondeterminism error, return ``{"run_id", "message", "reset_to"}``: the failure
-    and the event id of the workflow task completion to reset to (the one that
-    recorded the commands replay disagrees with). None if it is not stuck."""
+    and the event id to reset to, the run's first workflow task completion. (The
+    task that recorded what replay disagrees with may lie far before the one that
+    fails, and the error does not always say which; re-executing the whole run is
+    safe because the store, not the history, holds the state.) None if not stuck."""
     desc = await client.get_workflow_handle(workflow_id).describe()
     pending = desc.raw_description.pending_workflow_task
     if desc.status != WorkflowExecutionStatus.RUNNING or pending.attempt < 2:
@@ -238,12 +244,9 @@ async def stuck_on_nondeterminism(client: Client, workflow_id: str) -> dict[str,
     if failed is None:
         return None
     message = failed.workflow_task_failed_event_attributes.failure.message
-    if NDE not in message:
+    if NDE not in message or not completed:
         return None
-    match = re.search(r"HistoryEvent\(id: (\d+)", message)
-    bad = int(match.group(1)) if match else failed.event_id
-    before = [e for e in completed if e < bad]
-    return {"run_id": desc.run_id, "message": message, "reset_to": before[-1] if before else 0}
+    return {"run_id": desc.run_id, "message": message, "reset_to": completed[0]}
 
 
 async def reset_run(client: Client, workflow_id: str, run_id: str, event_id: int) -> str:
@@ -322,9 +325,11 @@ async def history_figures(client: Client, workflow_id: str) -> dict[str, Any]:
                 else:
                     figures["workflow_task_timeouts.schedule_to_start"] += 1
             elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-                cause = ev.workflow_task_failed_event_attributes.cause
+                cause = WorkflowTaskFailedCause.Name(ev.workflow_task_failed_event_attributes.cause)
+                cause = cause.removeprefix("WORKFLOW_TASK_FAILED_CAUSE_").lower()
                 figures[f"workflow_task_failed.{cause}"] += 1
-                figures["workflow_task_failed"] += 1
+                if cause not in BENIGN_TASK_FAILURES:
+                    figures["workflow_task_failed"] += 1
         run_id = previous
     out: dict[str, Any] = dict(figures)
     if stalled:

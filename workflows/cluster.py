@@ -539,12 +539,10 @@ class ClusterWorkflow:
     def _next_wake(self, now: float) -> tuple[float | None, str]:
         wake: float | None = None
         why = ""
+        # A deadline that passed while the last pass persisted (a slow store) is
+        # still a deadline: it makes the loop run a pass at once, not sleep on.
         for e in self.pending.values():
-            if (
-                e.kind != "deferred"
-                and e.not_before > now
-                and (wake is None or e.not_before < wake)
-            ):
+            if e.kind != "deferred" and (wake is None or e.not_before < wake):
                 wake, why = e.not_before, f"{e.kind} expiry"
         for job in self.jobs.values():
             for g in job.groups:

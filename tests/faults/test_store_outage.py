@@ -207,6 +207,52 @@ async def test_sqlite_file_locked_for_seconds(
             await fc.handle().terminate("fault test finished")
 
 
+async def test_a_reschedule_that_falls_due_during_a_slow_persist_still_fires(
+    dev_env: WorkflowEnvironment, spawn_worker: Any, tmp_path: Path
+) -> None:
+    """A failed replica waits out its reschedule delay on a timer. When the pass that
+    set the delay takes longer than the delay to persist (a locked or slow store, a
+    worker killed mid-persist), the deadline is already past when the loop picks
+    its next wake-up: it must run a pass at once, not sleep until the next resync."""
+    db = tmp_path / "forge.db"
+    spawn_worker(f"sqlite:///{db}")
+    fc = _client(dev_env, spawn_worker.task_queue, "slow-persist")
+    store = open_store(f"sqlite:///{db}")
+    delay = 1.0
+    try:
+        await fc.register_nodes([node("a"), node("b")])
+        flaky = job("flaky", replicas=2, reschedule={"delay": delay, "unlimited": True})
+        jobs = {flaky.id: flaky}
+        await fc.submit_job(flaky, wait=True)
+        await settle(fc, store, jobs, what="initial convergence")
+        locker = sqlite3.connect(db, isolation_level=None, timeout=5)
+        locker.execute("BEGIN EXCLUSIVE")
+        try:
+            report = asyncio.create_task(fc.report_failed(["flaky/main/0"]))
+            await eventually(
+                lambda: _pending_activity(fc, "forge.persist"),
+                lambda p: True,
+                timeout=10,
+                what="the pass that reschedules stuck in its persist",
+            )
+            await asyncio.sleep(3 * delay)  # the store stays slow past the deadline
+        finally:
+            locker.execute("COMMIT")
+            locker.close()
+        released = time.monotonic()
+        assert await asyncio.wait_for(report, 30) == 1
+        res = await settle(fc, store, jobs, timeout=15, what="the rescheduled replica placed")
+        record_figures(
+            "reschedule_due_during_slow_persist",
+            {"delay_s": delay, "placed_after_release_s": round(time.monotonic() - released, 2),
+             "bound_at_end": res.bound},
+        )  # fmt: skip
+    finally:
+        store.close()
+        with contextlib.suppress(Exception):
+            await fc.handle().terminate("fault test finished")
+
+
 def _write_blocked(db: Path) -> bool:
     """True if a second connection cannot take the write lock right now."""
     probe = sqlite3.connect(db, isolation_level=None, timeout=0.2)

@@ -492,6 +492,29 @@ def test_node_add_refuses_bad_values_before_connecting(
     assert "cannot connect" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["job", "scale", "web", "main", "-1"], "COUNT"),
+        (["job", "scale", "web", "main", str(MAX_REPLICAS + 1)], "COUNT"),
+        (["job", "scale", "web", "main", "three"], "COUNT"),
+        (["job", "scale", "a/b", "main", "1"], "JOB"),
+        (["job", "scale", "web", "ma in", "1"], "GROUP"),
+        (["job", "stop", "web\n"], "JOB"),
+        (["node", "drain", "a b"], "ID"),
+        (["node", "remove", ""], "ID"),
+        (["node", "lost", "x" * 64], "ID"),
+        (["status", "--cluster", "a/b"], "--cluster"),
+    ],
+)
+def test_other_commands_refuse_bad_names_and_counts_before_connecting(
+    capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    code, _, err = forge(capsys, *argv, *NODE_FLAGS)
+    assert code == 2, err
+    assert named in err and "cannot connect" not in err
+
+
 BASE_NODES: list[dict[str, Any]] = [
     {"id": "n1", "cpu": 4000, "memory": 8192, "labels": {"zone": "a"}},
     {

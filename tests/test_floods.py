@@ -100,7 +100,7 @@ class Poller:
     """Status queries every ``period`` seconds while a flood runs."""
 
     fc: ForgeClient
-    period: float = 0.5
+    period: float = 1.0
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
@@ -287,7 +287,7 @@ async def test_large_jobs_survive_a_continue_as_new(dev_env: WorkflowEnvironment
         jobs = [_large(f"large{i:02d}", rnd) for i in range(40)]
         await fc.submit_jobs(jobs)
         await eventually(
-            fc, lambda s: s.summary.generation > 1 and s.summary.jobs == len(jobs), timeout=15
+            fc, lambda s: s.summary.generation > 1 and s.summary.jobs == len(jobs), timeout=10
         )
 
 

@@ -65,9 +65,10 @@ T = TypeVar("T")
 TRANSIENT = (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError)
 
 #: Workflow task failures that are part of normal operation: the server refused a
-#: completion (e.g. a continue-as-new) because new events arrived meanwhile; the
-#: worker retries with them. Any other failure counts as ``workflow_task_failed``.
-BENIGN_TASK_FAILURES = ("unhandled_command",)
+#: completion (e.g. a continue-as-new) because new events arrived meanwhile, and
+#: the worker retries with them; a reset ends the old run's task. Any other failure
+#: counts as ``workflow_task_failed``.
+BENIGN_TASK_FAILURES = ("unhandled_command", "reset_workflow")
 
 #: The marker of a nondeterminism error in a workflow task failure.
 NDE = "[TMPRL1100]"

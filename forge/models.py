@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
@@ -244,7 +245,14 @@ class TaskGroup(_Model):
         return self
 
     def request(self) -> Request:
-        """One replica's needs: the sum of its tasks (GPU memory: the largest)."""
+        """One replica's needs: the sum of its tasks (GPU memory: the largest).
+
+        Cached on the (immutable) group: a pass asks every group for it, and the
+        workflow keeps its jobs across passes."""
+        return self._request
+
+    @cached_property
+    def _request(self) -> Request:
         gpu_count = sum(t.resources.gpu.count for t in self.tasks)
         gpu_memory = max(t.resources.gpu.memory for t in self.tasks)
         allowed: set[str] | None = None  # None: no task restricts the model

@@ -49,6 +49,7 @@ from forge.placement import Binding, Cluster, Placer
 from forge.placement.scorers import ALGORITHMS
 
 __all__ = [
+    "DEFAULT_MAX_WORK",
     "FailureHistory",
     "PendingEntry",
     "Plan",
@@ -68,6 +69,13 @@ class ReconcileOptions(BaseModel):
     backoff_cap: float = Field(default=300.0, gt=0)
     max_placements: int = Field(
         default=20_000, ge=1, description="placements per pass; the rest go next pass"
+    )
+    max_work: int = Field(
+        default=0,
+        ge=0,
+        description="node checks and scores per pass before the rest is deferred to the "
+        "next pass (0 = no limit); the workflow sets it, so one pass stays far inside "
+        "Temporal's 2 s activation limit whatever the cluster",
     )
     seed: int = 0
 
@@ -111,6 +119,7 @@ class Plan:
     next_wake: float | None = None
     deferred: int = 0
     desired: int = 0
+    work: int = 0  # node checks and scores the pass spent (bounded by max_work)
 
     @property
     def changed(self) -> bool:
@@ -118,6 +127,11 @@ class Plan:
 
 
 DEFAULT_OPTIONS = ReconcileOptions()
+#: Work units one binding costs the release phase (a node check costs one).
+RELEASE_UNITS = 2
+#: The budget the cluster workflow gives a pass: about 0.3 s of planning on a slow
+#: core, a small part of Temporal's 2 s activation limit.
+DEFAULT_MAX_WORK = 800_000
 
 
 def backoff_delay(attempts: int, options: ReconcileOptions) -> float:
@@ -239,26 +253,50 @@ def reconcile(
     deferred = PendingEntry(
         kind="deferred",
         not_before=now,
-        reasons=("deferred to the next pass (per-pass placement limit)",),
+        reasons=("deferred to the next pass (per-pass placement or work limit)",),
     )
     backoff_entries: dict[tuple[int, str], PendingEntry] = {}
+    # With a work budget (the workflow's, under a patch), a pass that reaches a limit
+    # stops looking at replicas one by one: the groups it did not get to are
+    # deferred whole, so the pass's cost stays bounded by the budget, not by how
+    # much is pending.
+    budget = options.max_work
+    release_work = RELEASE_UNITS * len(bindings)
+    visited = 0
+    stopped = False
+    deferred_groups: list[tuple[str, str, int]] = []  # (job, group, replicas left unbound)
     for job in ordered:
         for g in job.groups:
             req = groups[(job.id, g.name)][2]
             constraints = g.constraints
             plan.desired += g.scaling.desired
-            if bound_per_group.get((job.id, g.name), 0) == g.scaling.desired:
+            bound = bound_per_group.get((job.id, g.name), 0)
+            if bound == g.scaling.desired:
                 continue  # all bound: nothing to place, nothing pending
+            if stopped:
+                deferred_groups.append((job.id, g.name, g.scaling.desired - bound))
+                continue
+            waiting = 0
             for ordinal in range(g.scaling.desired):
                 wid = workload_id(job.id, g.name, ordinal)
                 if wid in plan.bindings:
                     continue
+                visited += 1
                 prev = pending.get(wid)
                 hist = new_failures.get(wid)
                 wait = _waiting(prev, hist, g.reschedule, wid in just_failed, now, capacity_freed)
                 if wait is not None:
                     plan.pending[wid] = wait
+                    waiting += 1
                     continue
+                if budget and (
+                    placed_count >= options.max_placements
+                    or placer.work + visited + release_work >= budget
+                ):
+                    stopped = True
+                    # this group's replicas from here on; those before are settled
+                    deferred_groups.append((job.id, g.name, g.scaling.desired - bound - waiting))
+                    break
                 if placed_count >= options.max_placements:
                     plan.deferred += 1
                     plan.pending[wid] = deferred  # one shared instance: 100k of them are cheap
@@ -267,7 +305,7 @@ def reconcile(
                 choice = placer.place(req, constraints, avoid=avoid)
                 if choice is None:
                     attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-                    why = placer.why_not(req, constraints)
+                    why = str(placer.why_not(req, constraints))
                     shared = backoff_entries.get((attempts, why))
                     if shared is None:
                         shared = backoff_entries[(attempts, why)] = PendingEntry(
@@ -277,6 +315,7 @@ def reconcile(
                             reasons=(why,),
                         )
                     plan.pending[wid] = shared
+                    waiting += 1
                     continue
                 b = Binding(
                     job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory
@@ -284,6 +323,9 @@ def reconcile(
                 plan.bindings[wid] = b
                 plan.placed.append(b)
                 placed_count += 1
+                bound += 1
+    if deferred_groups:
+        _defer_groups(plan, deferred_groups, groups, pending, new_failures, just_failed, now)
 
     # failure histories only for replicas that are still desired
     plan.failures = {
@@ -299,7 +341,47 @@ def reconcile(
             wake = p.not_before if wake is None else min(wake, p.not_before)
     plan.next_wake = wake
     plan.released.sort()
+    plan.work = placer.work + visited + release_work
     return plan
+
+
+def _defer_groups(
+    plan: Plan,
+    deferred: list[tuple[str, str, int]],
+    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
+    pending: Mapping[str, PendingEntry],
+    failures: Mapping[str, FailureHistory],
+    just_failed: set[str],
+    now: float,
+) -> None:
+    """Leave the unbound replicas of ``deferred`` groups for the next pass, in
+    O(groups + pending) rather than one step per replica: they are counted, not
+    listed (a missing replica without an entry is simply tried next time), their
+    earlier entries (backoff attempts, reschedule delays) are kept, and one that
+    failed in this very pass still gets its reschedule policy applied."""
+    keys = {(job_id, group) for job_id, group, _ in deferred}
+    kept = 0
+    for wid in sorted(just_failed):
+        job_id, group, ordinal = wid.rsplit("/", 2)
+        entry = groups.get((job_id, group))
+        if (job_id, group) in keys and entry is not None and wid not in plan.pending:
+            wait = _waiting(None, failures.get(wid), entry[1].reschedule, True, now, False)
+            if wait is not None and int(ordinal) < entry[1].scaling.desired:
+                plan.pending[wid] = wait
+                kept += 1
+    for wid, e in pending.items():
+        if e.kind == "deferred" or wid in plan.pending or wid in plan.bindings:
+            continue
+        job_id, group, ordinal = wid.rsplit("/", 2)
+        entry = groups.get((job_id, group))
+        if (
+            (job_id, group) in keys
+            and entry is not None
+            and int(ordinal) < entry[1].scaling.desired
+        ):
+            plan.pending[wid] = e
+            kept += 1
+    plan.deferred += sum(n for _, _, n in deferred) - kept
 
 
 def _still_fits_rules(node: Node, g: TaskGroup, req: Request, gpu_ids: tuple[str, ...]) -> bool:

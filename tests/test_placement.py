@@ -337,7 +337,9 @@ def test_placer_is_complete_with_a_small_window(
         if choice is None:
             assert not fitting, f"{r} left unplaced though {sorted(fitting)} fit"
             why = p.why_not(r, constraints)
-            assert why.startswith(f"0/{len(c)} nodes available")
+            assert str(why).startswith(f"0/{len(c)} nodes available")
+            # gathered by the scan, yet every node is accounted for exactly once
+            assert why.fit == 0 and sum(n for _, n in why.rejected) == len(c)
             continue
         assert choice.node.id in fitting
         a = choice.node

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
     from forge.models import MAX_BATCH_BYTES, AssignmentStatus, Job, Node, NodeState, workload_id
     from forge.placement import Binding, Cluster, explain_node
-    from forge.reconcile import FailureHistory, PendingEntry, Plan, reconcile
+    from forge.reconcile import DEFAULT_MAX_WORK, FailureHistory, PendingEntry, Plan, reconcile
     from forge.stores.base import ApplyResult, JobPage, rows_digest
 
 __all__ = ["ClusterWorkflow"]
@@ -62,6 +62,10 @@ SA_CLUSTER = SearchAttributeKey.for_keyword(c.SA_CLUSTER)
 SA_PENDING = SearchAttributeKey.for_int(c.SA_PENDING)
 SA_BOUND = SearchAttributeKey.for_int(c.SA_BOUND)
 SA_NODES = SearchAttributeKey.for_int(c.SA_NODES)
+
+#: workflow.patched ids. A behaviour change to code a pass runs is guarded by one,
+#: so a history recorded before it replays with the old behaviour.
+PATCH_WORK_BUDGET = "work-budget-1"
 
 PENDING_SHOWN = 200  # pending replicas listed by the status query (the rest are counted)
 #: ApplicationError type of an update refused while the run is due to continue as
@@ -98,6 +102,7 @@ class ClusterWorkflow:
         self.planned_ticket = 0
         self.bindings: dict[str, Binding] = {}
         self.pending: dict[str, PendingEntry] = dict(cp.pending) if cp else {}
+        self.deferred = 0  # replicas a budgeted pass left for the next, not listed
         self.failures: dict[str, FailureHistory] = dict(cp.failures) if cp else {}
         self.autoscale: dict[str, AutoscaleState] = dict(cp.autoscale) if cp else {}
         self.autoscale_evaluated: dict[str, float] = dict(cp.autoscale_evaluated) if cp else {}
@@ -117,6 +122,7 @@ class ClusterWorkflow:
         # Replicas examined by this run's passes: a worker that takes the workflow
         # over replays every pass, so the run ends before replay gets slow.
         self.replay_cost = 0
+        self.longest_plan = 0.0  # seconds; a metric only
         self.updates = 0  # accepted in this run
         self.queued_bytes = 0  # job JSON queued by handlers since the queue was empty
 
@@ -246,6 +252,11 @@ class ClusterWorkflow:
         # plan
         failed = [w for w in self.failed if w in self.bindings]
         status_changed = [w for w, b in self._status_updates.items() if w in self.bindings]
+        options = self.opts.reconcile
+        if not options.max_work and workflow.patched(PATCH_WORK_BUDGET):
+            # a pass plans at most this much and defers the rest to the next pass,
+            # so no activation runs near the SDK's 2 s deadlock limit
+            options = options.model_copy(update={"max_work": DEFAULT_MAX_WORK})
         with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
             started = time.perf_counter()
         plan = reconcile(
@@ -257,7 +268,7 @@ class ClusterWorkflow:
             failed=failed,
             capacity_changed=self.capacity_changed,
             now=now,
-            options=self.opts.reconcile,
+            options=options,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started
@@ -288,6 +299,7 @@ class ClusterWorkflow:
         # commit
         self.bindings = plan.bindings
         self.pending = plan.pending
+        self.deferred = plan.deferred
         self.failures = plan.failures
         self.failed = {}
         self._status_updates = {}
@@ -298,7 +310,8 @@ class ClusterWorkflow:
         self.last_pass_at = now
         self.last_pass = (
             f"pass {self.passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
-            f"{len(plan.pending)} pending"
+            f"{len(plan.pending) + plan.deferred} pending"
+            + (f" ({plan.deferred} deferred)" if plan.deferred else "")
         )
         if plan.deferred:
             self.dirty = True
@@ -874,7 +887,7 @@ class ClusterWorkflow:
         return c.Summary(
             desired=desired,
             bound=len(self.bindings),
-            pending=len(self.pending),
+            pending=len(self.pending) + self.deferred,
             nodes=len(self.nodes),
             jobs=len(self.jobs),
             passes=self.passes,
@@ -893,7 +906,7 @@ class ClusterWorkflow:
             + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
             + ")",
             f"- jobs: {len(self.jobs)}, replicas bound: {len(self.bindings)}, "
-            f"pending: {len(self.pending)}",
+            f"pending: {len(self.pending) + self.deferred}",
             f"- last pass: {self.last_pass}",
         ]
         if reasons:
@@ -905,7 +918,7 @@ class ClusterWorkflow:
     def _search_attributes(self) -> None:
         if workflow.info().typed_search_attributes.get(SA_CLUSTER) is None:
             return  # the server has no Forge attributes registered; see worker start-up
-        values = (len(self.pending), len(self.bindings), len(self.nodes))
+        values = (len(self.pending) + self.deferred, len(self.bindings), len(self.nodes))
         if values == self.search_attrs:
             return
         self.search_attrs = values
@@ -921,7 +934,9 @@ class ClusterWorkflow:
         meter = workflow.metric_meter().with_additional_attributes({"cluster": self.cluster})
         meter.create_gauge("forge_replicas_desired", "desired replicas").set(plan.desired)
         meter.create_gauge("forge_replicas_bound", "bound replicas").set(len(plan.bindings))
-        meter.create_gauge("forge_replicas_pending", "pending replicas").set(len(plan.pending))
+        meter.create_gauge("forge_replicas_pending", "pending replicas").set(
+            len(plan.pending) + plan.deferred
+        )
         backoff = sum(1 for e in plan.pending.values() if e.kind == "backoff")
         meter.create_gauge("forge_replicas_backoff", "replicas in backoff").set(backoff)
         states = Counter(str(n.state) for n in self.nodes.values())
@@ -934,6 +949,16 @@ class ClusterWorkflow:
         meter.create_histogram_float("forge_pass_seconds", "time to plan one pass", "s").record(
             elapsed
         )
+        meter.create_histogram("forge_pass_work_units", "node checks and scores of a pass").record(
+            plan.work
+        )
+        if elapsed > self.longest_plan:
+            self.longest_plan = elapsed
+            meter.create_gauge_float(
+                "forge_longest_plan_seconds",
+                "longest planning step of this run (one activation)",
+                "s",
+            ).set(elapsed)
 
     # -- activity helper ----------------------------------------------------------------
     async def _act(self, name: str, arg: Any, result_type: Any, *, summary: str) -> Any:

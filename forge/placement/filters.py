@@ -9,7 +9,8 @@ the same rules that decided.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from forge.models import Constraint, NodeState, Request
@@ -17,8 +18,10 @@ from forge.placement.state import NodeAlloc
 
 __all__ = [
     "DEFAULT_FILTERS",
+    "STATIC_FILTERS",
     "ConstraintFilter",
     "CpuFilter",
+    "Diagnosis",
     "Filter",
     "GpuCountFilter",
     "GpuMemoryFilter",
@@ -29,6 +32,12 @@ __all__ = [
     "explain_node",
     "format_reasons",
 ]
+
+
+#: The capacity rules' reasons, in the order the chain checks them.
+INSUFFICIENT_GPU = "insufficient gpu"
+INSUFFICIENT_CPU = "insufficient cpu"
+INSUFFICIENT_MEMORY = "insufficient memory"
 
 
 class Filter(Protocol):
@@ -85,25 +94,21 @@ class GpuCountFilter:
     def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         if not req.gpu:
             return None
-        return (
-            None
-            if len(node.matching_gpus(req, free_only=True)) >= req.gpu
-            else ("insufficient gpu")
-        )
+        return None if len(node.matching_gpus(req, free_only=True)) >= req.gpu else INSUFFICIENT_GPU
 
 
 class CpuFilter:
     name = "cpu"
 
     def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
-        return None if node.cpu_free >= req.cpu else "insufficient cpu"
+        return None if node.cpu_free >= req.cpu else INSUFFICIENT_CPU
 
 
 class MemoryFilter:
     name = "memory"
 
     def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
-        return None if node.mem_free >= req.memory else "insufficient memory"
+        return None if node.mem_free >= req.memory else INSUFFICIENT_MEMORY
 
 
 #: Static rules first (they never change within a pass), then capacity.
@@ -116,6 +121,30 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
     CpuFilter(),
     MemoryFilter(),
 )
+
+
+#: The rules that cannot change within a pass (no capacity in them): a node they
+#: reject is out for every replica with the same rules, whatever is placed.
+STATIC_FILTERS: tuple[Filter, ...] = DEFAULT_FILTERS[:4]
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Why no node took a replica, as data (Nomad's AllocMetric, Kubernetes'
+    "0/N nodes available"): every node counted once, under the first rule that
+    rejected it. Formatted only where a person reads it (``str``)."""
+
+    total: int
+    fit: int
+    rejected: tuple[tuple[str, int], ...]  # (reason, nodes), most nodes first
+
+    @classmethod
+    def of(cls, total: int, fit: int, counts: Mapping[str, int]) -> Diagnosis:
+        ordered = sorted(((r, n) for r, n in counts.items() if n), key=lambda kv: (-kv[1], kv[0]))
+        return cls(total, fit, tuple(ordered))
+
+    def __str__(self) -> str:
+        return format_reasons(self.total, self.fit, Counter(dict(self.rejected)))
 
 
 def explain_node(

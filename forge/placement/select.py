@@ -36,7 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forge.models import Constraint, Request
-from forge.placement.filters import diagnose, format_reasons
+from forge.placement.filters import (
+    INSUFFICIENT_CPU,
+    INSUFFICIENT_GPU,
+    INSUFFICIENT_MEMORY,
+    STATIC_FILTERS,
+    Diagnosis,
+    diagnose,
+    explain_node,
+)
 from forge.placement.scorers import GPU_WEIGHT, Weighted, combined, scorers_for
 from forge.placement.state import Cluster, NodeAlloc
 
@@ -47,6 +55,9 @@ DEFAULT_CANDIDATES = 8
 # (0..100), so any other feasible node in the window wins over it.
 AVOID_PENALTY = 1000.0
 REBASE_PEERS = 16  # binpack: recently used classes a (re)starting class may learn from
+#: Work units: one per node checked or scored in Python; copying node lists (a C
+#: loop) costs about this many nodes per unit.
+COPY_PER_UNIT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +76,17 @@ class _Class:
     the window cannot take the class's replica for the rest of the pass.
     """
 
-    __slots__ = ("alive", "cands", "dead", "exhausted", "frontier", "ptr", "why", "window")
+    __slots__ = (
+        "alive",
+        "cands",
+        "dead",
+        "exhausted",
+        "frontier",
+        "ptr",
+        "rejected",
+        "why",
+        "window",
+    )
 
     def __init__(self, cands: list[NodeAlloc]) -> None:
         self.cands = cands
@@ -75,7 +96,24 @@ class _Class:
         self.window: list[int] = []
         self.frontier = 0
         self.exhausted = False
-        self.why = ""
+        self.why: Diagnosis | None = None
+        # Nodes this class dropped for capacity, by the first rule that failed
+        # (gpu, cpu, memory: the filter chain's order), counted as the scan drops
+        # them: when the class runs out, that is its diagnosis, without a second
+        # sweep over the nodes.
+        self.rejected = [0, 0, 0]
+
+    def reject(self, node: NodeAlloc, req: Request) -> None:
+        n = node.node
+        if req.gpu and (
+            len(n.gpus) - node.gpus_used < req.gpu
+            or len(node.matching_gpus(req, free_only=True)) < req.gpu
+        ):
+            self.rejected[0] += 1
+        elif n.cpu - node.cpu_used < req.cpu:
+            self.rejected[1] += 1
+        else:
+            self.rejected[2] += 1
 
     def compact(self) -> None:
         keep = [n for i, n in enumerate(self.cands) if self.alive[i]]
@@ -119,6 +157,13 @@ class Placer:
         # binpack classes by static key, most recently used last (see _rebase)
         self._peers: dict[tuple[object, ...], dict[int, tuple[Request, _Class]]] = {}
         self.scored = 0  # how many node scores were computed (for benchmarks)
+        # Deterministic work done so far (node checks and scores): what a caller
+        # budgets a pass by, since wall time differs between a run and its replay.
+        self.work = len(order)
+        self._static_why: dict[tuple[object, ...], dict[str, int]] = {}
+        self._ready_nodes: list[NodeAlloc] | None = None
+        self._tallies: tuple[dict[str, int], dict[int, int]] | None = None
+        self._most_gpus = max((len(n.node.gpus) for n in order), default=0)
 
     # -- public -------------------------------------------------------------------
     def place(
@@ -147,23 +192,29 @@ class Placer:
             self.scored += len(found)
         if best is None:
             cls.exhausted = True
-            fit, reasons = diagnose(self.cluster.nodes, req, constraints)
-            cls.why = format_reasons(len(self.cluster), fit, reasons)
+            counts = dict(self._static_reasons(req, constraints))
+            for reason, n in zip(_CAPACITY_REASONS, cls.rejected, strict=True):
+                if n:
+                    counts[reason] = counts.get(reason, 0) + n
+            cls.why = Diagnosis.of(len(self.cluster), 0, counts)
             return None
         gpu_ids = best.allocate(req)
         if self.algorithm == "spread":
             cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
             if not best.fits(req):
-                self._kill(cls, best_pos)
+                self._kill(cls, best_pos, req)
         return Choice(best, gpu_ids, best_score)
 
-    def why_not(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> str:
-        """Why the class found no node (``"0/3 nodes available: 2 insufficient cpu, ..."``)."""
+    def why_not(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> Diagnosis:
+        """Why the class found no node (``"0/3 nodes available: 2 insufficient cpu, ..."``
+        once formatted): gathered by the scan that ran out, so it costs nothing."""
         cls = self._class(req, constraints)
-        if cls.why:
+        if cls.why is not None:
             return cls.why
+        # not asked through place(): a full sweep (explain and tests only)
+        self.work += len(self.cluster)
         fit, reasons = diagnose(self.cluster.nodes, req, constraints)
-        return format_reasons(len(self.cluster), fit, reasons)
+        return Diagnosis.of(len(self.cluster), fit, reasons)
 
     # -- internals ----------------------------------------------------------------
     def _class(self, req: Request, constraints: tuple[Constraint, ...]) -> _Class:
@@ -208,6 +259,9 @@ class Placer:
             cls.dead = 0
             cls.window = []
             cls.frontier = 0
+            # the nodes left behind were dropped by the peer, for the reasons it counted
+            cls.rejected = list(best.rejected)
+            self.work += len(cands) // COPY_PER_UNIT
         peers.pop(id(cls), None)  # most recently used last
         peers[id(cls)] = (req, cls)
 
@@ -219,10 +273,12 @@ class Placer:
         if nodes is None:
             # the same nodes in the same order as one combined filter, each rule a
             # pass of its own so a pass without constraints or GPUs costs nothing
-            nodes = [n for n in self._order if n.schedulable]
+            nodes = self._ready()
+            if req.gpu > self._most_gpus:
+                nodes = []  # more devices than any node has: nothing to look at
             if constraints:
                 nodes = [n for n in nodes if all(c.matches(n.node.labels) for c in constraints)]
-            if req.gpu:
+            if req.gpu and nodes:
                 match = bool(req.gpu_models or req.gpu_memory)  # else every device matches
                 nodes = [
                     n
@@ -231,16 +287,67 @@ class Placer:
                     and (not match or len(n.matching_gpus(req, free_only=False)) >= req.gpu)
                 ]
             self._static[skey] = nodes
+            self.work += len(self._order)
         return list(nodes)
 
-    def _kill(self, cls: _Class, pos: int) -> None:
+    def _ready(self) -> list[NodeAlloc]:
+        """The schedulable nodes in the pass's order (once per pass)."""
+        if self._ready_nodes is None:
+            self._ready_nodes = [n for n in self._order if n.schedulable]
+        return self._ready_nodes
+
+    def _static_reasons(self, req: Request, constraints: tuple[Constraint, ...]) -> dict[str, int]:
+        """Why the nodes outside a class's static list are out, counted once per
+        pass per set of static rules (only when a class of that set runs out)."""
+        skey = _static_key(req, constraints)
+        counts = self._static_why.get(skey)
+        if counts is not None:
+            return counts
+        if not (constraints or req.gpu_models or req.gpu_memory):
+            # the usual case needs no sweep: node states and device counts, tallied
+            # once per pass, say it all
+            counts = dict(self._tally()[0])
+            short = sum(n for gpus, n in self._tally()[1].items() if gpus < req.gpu)
+            if short:
+                counts[INSUFFICIENT_GPU] = short
+            self._static_why[skey] = counts
+            return counts
+        eligible = {id(n) for n in self._static.get(skey, ())}
+        counts = {}
+        for n in self.cluster.nodes:
+            if id(n) not in eligible:
+                # static rules first; a node with too few devices fails the count rule
+                why = explain_node(n, req, constraints, STATIC_FILTERS) or INSUFFICIENT_GPU
+                counts[why] = counts.get(why, 0) + 1
+        self.work += len(self.cluster) + 4 * (len(self.cluster) - len(eligible))
+        self._static_why[skey] = counts
+        return counts
+
+    def _tally(self) -> tuple[dict[str, int], dict[int, int]]:
+        """Nodes out of service by state, and ready nodes by device count."""
+        if self._tallies is None:
+            states: dict[str, int] = {}
+            gpus: dict[int, int] = {}
+            for n in self.cluster.nodes:
+                if n.schedulable:
+                    gpus[len(n.node.gpus)] = gpus.get(len(n.node.gpus), 0) + 1
+                else:
+                    why = str(n.node.state.value)
+                    states[why] = states.get(why, 0) + 1
+            self._tallies = (states, gpus)
+            self.work += len(self.cluster.nodes)
+        return self._tallies
+
+    def _kill(self, cls: _Class, pos: int, req: Request) -> None:
         if cls.alive[pos]:
             cls.alive[pos] = 0
             cls.dead += 1
+            cls.reject(cls.cands[pos], req)
 
     def _scan(self, cls: _Class, req: Request) -> list[tuple[int, NodeAlloc]]:
         if self.algorithm != "spread":
             return self._scan_window(cls, req)
+        # spread: round-robin from the cursor over the nodes not yet found full
         if cls.dead > 64 and cls.dead * 2 > len(cls.cands):
             cls.compact()
         cands, alive = cls.cands, cls.alive
@@ -251,9 +358,10 @@ class Placer:
         found: list[tuple[int, NodeAlloc]] = []
         i = cls.ptr
         cpu, mem, gpu = req.cpu, req.memory, req.gpu
-        binpack = self.algorithm != "spread"
+        checked = 0
         for _ in range(n):
             if alive[i]:
+                checked += 1
                 node = cands[i]
                 ok = (
                     node.node.cpu - node.cpu_used >= cpu
@@ -267,13 +375,11 @@ class Placer:
                 else:
                     alive[i] = 0
                     cls.dead += 1
-                    if binpack and i == cls.ptr:
-                        cls.ptr = i + 1 if i + 1 < n else 0
-            elif binpack and i == cls.ptr:
-                cls.ptr = i + 1 if i + 1 < n else 0
+                    cls.reject(node, req)
             i += 1
             if i == n:
                 i = 0
+        self.work += checked + len(found)
         return found
 
     def _scan_window(self, cls: _Class, req: Request) -> list[tuple[int, NodeAlloc]]:
@@ -299,7 +405,9 @@ class Placer:
                 and (not gpu or node.fits(req))
             ):
                 found.append((i, node))
-        i = cls.frontier
+            else:
+                cls.reject(node, req)
+        start = i = cls.frontier
         while len(found) < limit and i < n:
             node = cands[i]
             if (
@@ -308,7 +416,10 @@ class Placer:
                 and (not gpu or node.fits(req))
             ):
                 found.append((i, node))
+            else:
+                cls.reject(node, req)
             i += 1
+        self.work += len(cls.window) + (i - start) + len(found)
         cls.frontier = i
         cls.window = [pos for pos, _ in found]
         return found
@@ -345,6 +456,7 @@ class Placer:
                 or nn.memory - node.mem_used < mem
                 or (gpu and (len(nn.gpus) - node.gpus_used < gpu or (match and not node.fits(req))))
             ):
+                cls.reject(node, req)
                 continue
             window.append(pos)
             ngpu = len(nn.gpus)
@@ -361,10 +473,14 @@ class Placer:
                 s -= AVOID_PENALTY
             if s > best_score:
                 best_pos, best, best_score = pos, node, s
+        self.work += n_old + (i - cls.frontier) + len(window)
         cls.frontier = i
         cls.window = window
         self.scored += len(window)
         return best_pos, best, best_score
+
+
+_CAPACITY_REASONS = (INSUFFICIENT_GPU, INSUFFICIENT_CPU, INSUFFICIENT_MEMORY)
 
 
 def _static_key(req: Request, constraints: tuple[Constraint, ...]) -> tuple[object, ...]:

@@ -260,8 +260,11 @@ def reconcile(
     # stops looking at replicas one by one: the groups it did not get to are
     # deferred whole, so the pass's cost stays bounded by the budget, not by how
     # much is pending.
-    budget = options.max_work
     release_work = RELEASE_UNITS * len(bindings)
+    # The release phase cannot stop half-way (it accounts every binding), so it is
+    # charged first; placement keeps at least a quarter of the budget so that a
+    # pass always makes progress, however many bindings there are.
+    budget = options.max_work and max(options.max_work - release_work, options.max_work // 4)
     visited = 0
     stopped = False
     deferred_groups: list[tuple[str, str, int]] = []  # (job, group, replicas left unbound)
@@ -290,8 +293,7 @@ def reconcile(
                     waiting += 1
                     continue
                 if budget and (
-                    placed_count >= options.max_placements
-                    or placer.work + visited + release_work >= budget
+                    placed_count >= options.max_placements or placer.work + visited >= budget
                 ):
                     stopped = True
                     # this group's replicas from here on; those before are settled
@@ -325,7 +327,9 @@ def reconcile(
                 placed_count += 1
                 bound += 1
     if deferred_groups:
-        _defer_groups(plan, deferred_groups, groups, pending, new_failures, just_failed, now)
+        _defer_groups(
+            plan, deferred_groups, groups, pending, new_failures, just_failed, now, capacity_freed
+        )
 
     # failure histories only for replicas that are still desired
     plan.failures = {
@@ -353,6 +357,7 @@ def _defer_groups(
     failures: Mapping[str, FailureHistory],
     just_failed: set[str],
     now: float,
+    capacity_freed: bool,
 ) -> None:
     """Leave the unbound replicas of ``deferred`` groups for the next pass, in
     O(groups + pending) rather than one step per replica: they are counted, not
@@ -361,25 +366,20 @@ def _defer_groups(
     failed in this very pass still gets its reschedule policy applied."""
     keys = {(job_id, group) for job_id, group, _ in deferred}
     kept = 0
-    for wid in sorted(just_failed):
-        job_id, group, ordinal = wid.rsplit("/", 2)
-        entry = groups.get((job_id, group))
-        if (job_id, group) in keys and entry is not None and wid not in plan.pending:
-            wait = _waiting(None, failures.get(wid), entry[1].reschedule, True, now, False)
-            if wait is not None and int(ordinal) < entry[1].scaling.desired:
-                plan.pending[wid] = wait
-                kept += 1
-    for wid, e in pending.items():
-        if e.kind == "deferred" or wid in plan.pending or wid in plan.bindings:
+    # the entries a one-by-one pass would have kept: the same rule, _waiting
+    for wid in sorted(just_failed) + [w for w in pending if w not in just_failed]:
+        if wid in plan.pending or wid in plan.bindings:
             continue
         job_id, group, ordinal = wid.rsplit("/", 2)
         entry = groups.get((job_id, group))
-        if (
-            (job_id, group) in keys
-            and entry is not None
-            and int(ordinal) < entry[1].scaling.desired
-        ):
-            plan.pending[wid] = e
+        if (job_id, group) not in keys or entry is None:
+            continue
+        policy = entry[1].reschedule
+        wait = _waiting(
+            pending.get(wid), failures.get(wid), policy, wid in just_failed, now, capacity_freed
+        )
+        if wait is not None and int(ordinal) < entry[1].scaling.desired:
+            plan.pending[wid] = wait
             kept += 1
     plan.deferred += sum(n for _, _, n in deferred) - kept
 

@@ -159,7 +159,7 @@ class Placer:
         self.scored = 0  # how many node scores were computed (for benchmarks)
         # Deterministic work done so far (node checks and scores): what a caller
         # budgets a pass by, since wall time differs between a run and its replay.
-        self.work = len(order)
+        self.work = len(order) // COPY_PER_UNIT  # the shuffle
         self._static_why: dict[tuple[object, ...], dict[str, int]] = {}
         self._ready_nodes: list[NodeAlloc] | None = None
         self._tallies: tuple[dict[str, int], dict[int, int]] | None = None
@@ -276,9 +276,11 @@ class Placer:
             nodes = self._ready()
             if req.gpu > self._most_gpus:
                 nodes = []  # more devices than any node has: nothing to look at
-            if constraints:
+            if constraints and nodes:
+                self.work += len(nodes)
                 nodes = [n for n in nodes if all(c.matches(n.node.labels) for c in constraints)]
             if req.gpu and nodes:
+                self.work += len(nodes)
                 match = bool(req.gpu_models or req.gpu_memory)  # else every device matches
                 nodes = [
                     n
@@ -287,13 +289,14 @@ class Placer:
                     and (not match or len(n.matching_gpus(req, free_only=False)) >= req.gpu)
                 ]
             self._static[skey] = nodes
-            self.work += len(self._order)
+        self.work += len(nodes) // COPY_PER_UNIT
         return list(nodes)
 
     def _ready(self) -> list[NodeAlloc]:
         """The schedulable nodes in the pass's order (once per pass)."""
         if self._ready_nodes is None:
             self._ready_nodes = [n for n in self._order if n.schedulable]
+            self.work += len(self._order)
         return self._ready_nodes
 
     def _static_reasons(self, req: Request, constraints: tuple[Constraint, ...]) -> dict[str, int]:

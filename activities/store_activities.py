@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
@@ -29,6 +30,7 @@ from forge.activity_contract import (
     ACT_WATCH,
     ACT_WRITE_JOBS,
     AssignmentRows,
+    BindRow,
     ClusterRef,
     JobChangesIn,
     MetricsIn,
@@ -47,7 +49,7 @@ from forge.activity_contract import (
 )
 from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, StoreError
 
-__all__ = ["HEARTBEAT_EVERY", "StoreActivities", "heartbeating"]
+__all__ = ["HEARTBEAT_EVERY", "PAGE_BYTES", "StoreActivities", "heartbeating", "within_bytes"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,6 +58,34 @@ R = TypeVar("R")
 #: heartbeat timeout is a few times this, so a killed worker's activity is retried
 #: elsewhere within seconds instead of after its whole start-to-close timeout.
 HEARTBEAT_EVERY = 0.5
+
+
+#: JSON bytes one page may carry back to the workflow. Temporal refuses a payload
+#: over 2 MiB (and the run then never finishes loading), so a page is cut by size
+#: as well as by count: 40 jobs of 100 KiB are two pages, not one 4 MB result.
+PAGE_BYTES = 1024 * 1024
+
+_Item = TypeVar("_Item")
+
+
+def within_bytes(items: list[_Item], size: Callable[[_Item], int], budget: int = PAGE_BYTES) -> int:
+    """How many leading ``items`` fit in ``budget`` bytes (at least one: a single
+    item is bounded by the models' own limits)."""
+    total = 0
+    for i, item in enumerate(items):
+        total += size(item)
+        if total > budget and i:
+            return i
+    return len(items)
+
+
+def _json_len(item: BaseModel) -> int:
+    return len(item.model_dump_json())
+
+
+def _row_len(row: BindRow) -> int:
+    job, group, _, node, gpu_ids, *_ = row
+    return 64 + len(job) + len(group) + len(node) + sum(len(g) + 3 for g in gpu_ids)
 
 
 def heartbeating(fn: Callable[P, R]) -> Callable[P, R]:
@@ -110,20 +140,34 @@ class StoreActivities:
     @heartbeating
     def snapshot_nodes(self, page: PageIn) -> NodesPage:
         nodes = self.store.nodes(page.cluster, page.after, page.limit)
-        nxt = nodes[-1].id if len(nodes) == page.limit else None
-        return NodesPage(nodes=nodes, next_after=nxt)
+        more = len(nodes) == page.limit
+        keep = within_bytes(nodes, _json_len)
+        if keep < len(nodes):
+            nodes, more = nodes[:keep], True
+        return NodesPage(nodes=nodes, next_after=nodes[-1].id if more else None)
 
     @activity.defn(name=ACT_SNAPSHOT_ASSIGNMENTS)
     @heartbeating
     def snapshot_assignments(self, page: PageIn) -> AssignmentRows:
-        rows = self.store.assignments(page.cluster, page.after, page.limit)
-        nxt = rows[-1].workload_id if len(rows) == page.limit else None
-        return AssignmentRows(rows=[row_from_assignment(a) for a in rows], next_after=nxt)
+        found = self.store.assignments(page.cluster, page.after, page.limit)
+        more = len(found) == page.limit
+        rows = [row_from_assignment(a) for a in found]
+        keep = within_bytes(rows, _row_len)
+        if keep < len(rows):
+            rows, more = rows[:keep], True
+        return AssignmentRows(
+            rows=rows, next_after=found[len(rows) - 1].workload_id if more else None
+        )
 
     @activity.defn(name=ACT_JOB_CHANGES)
     @heartbeating
     def job_changes(self, req: JobChangesIn) -> JobPage:
-        return self.store.job_changes(req.cluster, req.since, req.limit)
+        page = self.store.job_changes(req.cluster, req.since, req.limit)
+        keep = within_bytes(page.changes, _json_len)
+        if keep == len(page.changes):
+            return page
+        changes = page.changes[:keep]
+        return JobPage(changes=changes, revision=changes[-1].revision, more=True)
 
     @activity.defn(name=ACT_WRITE_JOBS)
     @heartbeating
@@ -191,6 +235,7 @@ class StoreActivities:
     @heartbeating
     def read_reports(self, req: ReportsIn) -> ReportsOut:
         reports = self.store.reports_since(req.cluster, req.seq, req.limit)
+        reports = reports[: within_bytes(reports, _json_len)]
         latest: dict[str, str] = {}
         for r in reports:
             latest[r.workload_id] = r.status

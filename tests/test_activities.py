@@ -1,0 +1,76 @@
+"""Store activities, run in Temporal's activity test environment against the
+memory store: what they hand the workflow stays far below the 2 MiB payload limit."""
+
+from __future__ import annotations
+
+import random
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.store_activities import PAGE_BYTES, StoreActivities, within_bytes
+from forge.activity_contract import JobChangesIn, PageIn
+from forge.models import GpuDevice, Job, Node
+from forge.stores.base import Delta, Fence
+from forge.stores.memory import MemoryStore
+
+
+def _large(name: str, rnd: random.Random) -> Job:
+    args = ["".join(rnd.choices("abcdefghijklmnopqrstuvwxyz", k=1000)) for _ in range(100)]
+    task = {"name": "t", "args": args, "resources": {"cpu": 10, "memory": 16}}
+    return Job.model_validate({"name": name, "groups": [{"name": "main", "tasks": [task]}]})
+
+
+def test_within_bytes_keeps_at_least_one_and_stops_at_the_budget() -> None:
+    assert within_bytes([5, 5, 5], lambda n: n, budget=10) == 2
+    assert within_bytes([50, 5], lambda n: n, budget=10) == 1  # one item always goes
+    assert within_bytes([], lambda n: n, budget=10) == 0
+    assert within_bytes([1] * 7, lambda n: n, budget=10) == 7
+
+
+def test_job_pages_are_cut_by_bytes_and_resume_where_they_stopped() -> None:
+    store = MemoryStore()
+    rnd = random.Random(3)
+    jobs = [_large(f"large{i:02d}", rnd) for i in range(40)]  # ~4 MB of specs
+    store.put_jobs("c", jobs)
+    acts = StoreActivities(store)
+    env = ActivityEnvironment()
+    seen: list[str] = []
+    since, pages = 0, 0
+    while True:
+        page = env.run(acts.job_changes, JobChangesIn(cluster="c", since=since, limit=500))
+        pages += 1
+        assert len(page.model_dump_json()) <= PAGE_BYTES + 128 * 1024
+        seen.extend(ch.job_id for ch in page.changes)
+        since = page.revision
+        if not page.more:
+            break
+    assert pages >= 4
+    assert seen == [j.id for j in jobs]  # each once, in revision order
+
+
+def test_node_pages_are_cut_by_bytes() -> None:
+    store = MemoryStore()
+    labels = {f"k{i}": "v" * 200 for i in range(60)}  # ~13 KiB per node
+    nodes = [
+        Node(
+            id=f"n{i:03d}",
+            cpu=1000,
+            memory=1024,
+            gpus=tuple(GpuDevice(id=f"g{d}", model="A100", memory=1) for d in range(8)),
+            labels=labels,
+        )
+        for i in range(300)
+    ]
+    store.apply_delta("c", Fence(1, 1), Delta(nodes_upsert=nodes))
+    acts = StoreActivities(store)
+    env = ActivityEnvironment()
+    got: list[str] = []
+    after = ""
+    while True:
+        page = env.run(acts.snapshot_nodes, PageIn(cluster="c", after=after, limit=5000))
+        assert len(page.model_dump_json()) <= PAGE_BYTES + 64 * 1024
+        got.extend(n.id for n in page.nodes)
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert got == [n.id for n in nodes]

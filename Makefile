@@ -29,6 +29,7 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 test: $(STAMP) lint typecheck
+	bash scripts/ensure-tools.sh
 	bash scripts/ensure-postgres.sh
 	$(BIN)/pytest -q -ra
 

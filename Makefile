@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench bench-e2e histories clean
+.PHONY: run demo test lint typecheck unit bench bench-e2e histories mutations clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,10 @@ bench-e2e: $(STAMP)
 
 histories: $(STAMP)
 	$(BIN)/python -m tests.record_histories
+
+# Plant each bug in tests/mutations/*.patch in a copy of the tree; 0 only if all are caught.
+mutations: $(STAMP)
+	$(BIN)/python -m tests.mutations.run
 
 clean:
 	rm -rf $(VENV) .forge .pytest_cache .mypy_cache .ruff_cache

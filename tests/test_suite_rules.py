@@ -114,3 +114,20 @@ def test_a_local_run_is_random_and_prints_a_seed_that_can_be_forced(
     result.stdout.fnmatch_lines(["*PROFILE dev False"])
     forced = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--hypothesis-seed=1234")
     forced.stdout.fnmatch_lines(["*seed 1234: reproduce with `pytest --hypothesis-seed=1234*"])
+
+
+MUTATIONS = sorted((Path(__file__).parent / "mutations").glob("*.patch"))
+
+
+@pytest.mark.parametrize("patch", MUTATIONS, ids=lambda p: p.stem)
+def test_every_mutation_still_applies_and_names_its_tests(patch: Path) -> None:
+    import subprocess
+
+    from tests.mutations.run import ROOT, Mutation
+
+    m = Mutation.load(patch)
+    assert m.tests and all(not t.startswith("tests/") or (ROOT / t).exists() for t in m.tests)
+    check = subprocess.run(
+        ["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert check.returncode == 0, f"{patch.name} no longer applies: {check.stderr}"

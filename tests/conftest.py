@@ -83,6 +83,14 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"forge: hypothesis profile {name!r} ({how})"
 
 
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    # `pytest -q` (make test) shows no header: repeat the line at the end of the run
+    if config.option.verbose < 0:
+        terminalreporter.write_line(pytest_report_header(config))
+
+
 # -- No silent skips ------------------------------------------------------------------
 _OPT_OUT = re.compile(r"\b(FORGE_[A-Z0-9_]+)=(\S+?)[:;,.)]?(?:\s|$)")
 

@@ -131,3 +131,15 @@ def test_every_mutation_still_applies_and_names_its_tests(patch: Path) -> None:
         ["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True
     )
     assert check.returncode == 0, f"{patch.name} no longer applies: {check.stderr}"
+
+
+def test_a_quiet_run_still_prints_the_seed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("FORGE_HYPOTHESIS_SEED", "77")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_h=HYPO)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["forge: hypothesis profile 'dev' (seed 77: *"])

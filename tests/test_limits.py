@@ -191,6 +191,7 @@ INT_FIELDS: dict[str, tuple[Callable[[int], dict[str, Any]], type[BaseModel], in
         0,
         ATTEMPTS,
     ),
+    "autoscale step": (lambda v: job(groups=[group(autoscale={"step": v})]), Job, 1, REPLICAS),
     "node cpu": (lambda v: node(cpu=v), Node, 0, CPU),
     "node memory": (lambda v: node(memory=v), Node, 0, MEMORY),
     "gpu device memory": (
@@ -223,7 +224,11 @@ FLOAT_FIELDS: dict[str, Callable[[float], dict[str, Any]]] = {
     "reschedule max_delay": lambda v: job(
         groups=[group(reschedule={"delay": 0.0, "max_delay": v})]
     ),
+    "reschedule delay": lambda v: job(groups=[group(reschedule={"delay": v, "max_delay": YEAR})]),
     "autoscale cooldown": lambda v: job(groups=[group(autoscale={"cooldown": v})]),
+    "autoscale stabilization_window": lambda v: job(
+        groups=[group(autoscale={"stabilization_window": v})]
+    ),
 }
 
 
@@ -235,6 +240,46 @@ FLOAT_FIELDS: dict[str, Callable[[float], dict[str, Any]]] = {
 @example(v=float(YEAR + 1))
 def test_a_duration_is_accepted_from_0_to_one_year(field: str, v: float) -> None:
     assert accepted(FLOAT_FIELDS[field](v)) == (0 <= v <= YEAR), (field, v)
+
+
+def test_the_autoscale_interval_is_1_s_to_one_year() -> None:
+    for v, ok in ((0.0, False), (-1.0, False), (0.999, False), (1.0, True), (YEAR, True)):
+        assert accepted(job(groups=[group(autoscale={"interval": float(v)})])) == ok, v
+    assert not accepted(job(groups=[group(autoscale={"interval": float(YEAR + 1)})]))
+
+
+FRACTIONS: dict[str, tuple[Callable[[float], dict[str, Any]], bool, bool]] = {
+    # name: (document, 0 accepted, 1 accepted)
+    "scale_up": (
+        lambda v: job(groups=[group(autoscale={"scale_up": v, "scale_down": 0.0})]),
+        False,
+        True,
+    ),
+    "scale_down": (
+        lambda v: job(groups=[group(autoscale={"scale_down": v, "scale_up": 1.0})]),
+        True,
+        False,
+    ),
+    "target": (
+        lambda v: job(groups=[group(autoscale={"policy": "target", "target": v})]),
+        False,
+        True,
+    ),
+    "tolerance": (lambda v: job(groups=[group(autoscale={"tolerance": v})]), True, False),
+}
+
+
+@pytest.mark.parametrize("field", sorted(FRACTIONS))
+@given(v=st.floats(-2.0, 2.0, allow_nan=False))
+@example(v=0.0)
+@example(v=-1.0)
+@example(v=1.0)
+@example(v=1.0 + 2**-40)
+@example(v=2**-40)
+def test_an_autoscale_fraction_lies_within_0_and_1(field: str, v: float) -> None:
+    build, zero_ok, one_ok = FRACTIONS[field]
+    inside = (0 < v < 1) or (v == 0 and zero_ok) or (v == 1 and one_ok)
+    assert accepted(build(v)) == inside, (field, v)
 
 
 # -- counts ----------------------------------------------------------------------------

@@ -39,7 +39,10 @@ bench: $(STAMP)
 bench-e2e: $(STAMP)
 	$(BIN)/python -m bench.e2e
 
+# Re-record tests/histories/: the time-skipping set and the dev-server set (SQLite and
+# PostgreSQL stores, real worker.py processes); about a minute.
 histories: $(STAMP)
+	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m tests.record_histories
 
 # Plant each bug in tests/mutations/*.patch in a copy of the tree; 0 only if all are caught.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -148,14 +149,16 @@ class Scene:
         self.store.report(self.fc.cluster, reports)
 
 
-def gnode(node_id: str, cpu: int, memory: int, gpus: int = 0, mem: int = 40960) -> Node:
+def gnode(
+    node_id: str, cpu: int, memory: int, gpus: int = 0, mem: int = 40960, zone: str = ""
+) -> Node:
     return Node.model_validate(
         {
             "id": node_id,
             "cpu": cpu,
             "memory": memory,
             "gpus": [{"id": f"gpu{i}", "model": "A100", "memory": mem} for i in range(gpus)],
-            "labels": {"zone": "a" if gpus else "b"},
+            "labels": {"zone": zone or ("a" if gpus else "b")},
         }
     )
 
@@ -210,6 +213,15 @@ async def _gpu(s: Scene) -> None:
     await s.bound(7)
     await s.fc.stop_job("wide")
     await s.bound(6)
+    # a CPU replica choosing between a half-used GPU node (g3) and a near-empty CPU
+    # node (c1): binpack and gpu-preserve pull apart, so their weights decide
+    await s.fc.register_nodes([gnode("g3", 4000, 4096, gpus=2, zone="c")])
+    zone_c = [{"label": "zone", "op": "=", "values": ["c"]}]
+    await s.fc.submit_job(job("infer", cpu=1000, memory=1024, gpu=1, constraints=zone_c))
+    await s.bound(7)
+    b_or_c = [{"label": "zone", "op": "in", "values": ["b", "c"]}]
+    await s.fc.submit_job(job("probe", cpu=1000, memory=1024, constraints=b_or_c))
+    await s.bound(8)
 
 
 async def _failures(s: Scene) -> None:
@@ -406,4 +418,7 @@ async def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        gc.collect()  # the SDK's objects can crash a dying interpreter (sdk-python#300)

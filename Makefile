@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench bench-e2e histories clean
+.PHONY: run demo test lint typecheck unit bench bench-e2e histories mutations clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,7 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 test: $(STAMP) lint typecheck
+	bash scripts/ensure-tools.sh
 	bash scripts/ensure-postgres.sh
 	$(BIN)/pytest -q -ra
 
@@ -38,8 +39,15 @@ bench: $(STAMP)
 bench-e2e: $(STAMP)
 	$(BIN)/python -m bench.e2e
 
+# Re-record tests/histories/: the time-skipping set and the dev-server set (SQLite and
+# PostgreSQL stores, real worker.py processes); about a minute.
 histories: $(STAMP)
+	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m tests.record_histories
+
+# Plant each bug in tests/mutations/*.patch in a copy of the tree; 0 only if all are caught.
+mutations: $(STAMP)
+	$(BIN)/python -m tests.mutations.run
 
 clean:
 	rm -rf $(VENV) .forge .pytest_cache .mypy_cache .ruff_cache

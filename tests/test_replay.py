@@ -1,33 +1,52 @@
 """Determinism: recorded histories replay cleanly with today's code, and a
 behaviour change without `workflow.patched` is caught on replay.
 
-Refresh the histories with `make histories` (tests/record_histories.py) after a
-deliberate, patched change.
+The corpus (tests/histories/, refreshed by `make histories`, see
+tests/record_histories.py): runs recorded on the time-skipping server with the memory
+store, and runs recorded on the real dev server with `worker.py` processes and the
+SQLite and PostgreSQL stores (priority contention, GPUs, failures and reschedules,
+backoff, drains and node loss, autoscaling, continue-as-new).
+
+Each unpatched change below is planted in-process (the pure functions the workflow
+calls are monkeypatched) and the corpus must refuse to replay: a different plan
+persists a different delta, and the persist digest check in workflows/cluster.py
+turns that into a failure (or the commands themselves differ).
 """
 
 from __future__ import annotations
 
+import builtins
 import json
+import random
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+from forge import reconcile
 from forge.codec import data_converter
-from forge.placement import select
-from forge.placement.scorers import scorers_for
+from forge.models import Job
+from forge.placement import scorers, select
 from workflows.cluster import ClusterWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+DEV = [p for p in HISTORIES if p.stem.startswith("dev-")]
 
 
 def _history(path: Path) -> WorkflowHistory:
     return WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
 
 
-def test_histories_exist() -> None:
-    assert len(HISTORIES) >= 3, "run `make histories` to record them"
+def test_the_corpus_covers_both_durable_stores_and_every_scenario() -> None:
+    scenarios = {"priority", "gpu", "failures", "backoff", "nodes", "autoscale", "continue_as_new"}
+    for store in ("sqlite", "postgres"):
+        recorded = {p.stem.split("-")[2] for p in DEV if p.stem.startswith(f"dev-{store}-")}
+        assert recorded == scenarios, f"{store}: run `make histories` ({scenarios - recorded})"
+    assert any(p.stem.endswith("-run2") for p in DEV), "no continue-as-new in the corpus"
+    assert len(HISTORIES) >= 3
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
@@ -37,12 +56,91 @@ async def test_recorded_history_replays(path: Path) -> None:
     assert result.replay_failure is None, result.replay_failure
 
 
-async def test_an_unpatched_scorer_change_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A "harmless" change: spread instead of binpack, without workflow.patched.
-    monkeypatch.setattr(select, "scorers_for", lambda algorithm: scorers_for("spread"))
-    monkeypatch.setattr(select, "_fast_scorer", lambda scorers: None)
+# -- unpatched changes ----------------------------------------------------------------------
+def _priority_reversed(jobs: Iterable[Job], key: Callable[[Job], Any]) -> list[Job]:
+    return builtins.sorted(jobs, key=lambda j: (j.priority, j.id))
+
+
+def _ties_reversed(jobs: Iterable[Job], key: Callable[[Job], Any]) -> list[Job]:
+    by_id_desc = builtins.sorted(jobs, key=lambda j: j.id, reverse=True)
+    return builtins.sorted(by_id_desc, key=lambda j: -j.priority)  # stable: ties by id desc
+
+
+class _ReversedShuffle(random.Random):
+    def shuffle(self, x: list[Any]) -> None:  # type: ignore[override]
+        super().shuffle(x)
+        x.reverse()
+
+
+class _RandomModule:
+    Random = _ReversedShuffle
+
+
+def _no_gpu_preservation(algorithm: str) -> tuple[scorers.Weighted, ...]:
+    return tuple(
+        scorers.Weighted(w.scorer, 0.0 if w.scorer.name == "gpu-preserve" else w.weight)
+        for w in scorers.scorers_for(algorithm)
+    )
+
+
+_ORIGINAL_BACKOFF = reconcile.backoff_delay
+_ORIGINAL_RESCHEDULE = reconcile.reschedule_delay
+
+CHANGES: dict[str, list[tuple[object, str, object]]] = {
+    "priority order reversed": [(reconcile, "sorted", _priority_reversed)],
+    "equal priorities: job id order reversed": [(reconcile, "sorted", _ties_reversed)],
+    "scorer weights: gpu-preserve weight 0": [
+        (select, "scorers_for", _no_gpu_preservation),
+        (select, "_fast_scorer", lambda chain: None),
+    ],
+    "scorer: spread instead of binpack": [
+        (select, "scorers_for", lambda algorithm: scorers.scorers_for("spread")),
+        (select, "_fast_scorer", lambda chain: None),
+    ],
+    "node tie-break: shuffle order reversed": [(select, "random", _RandomModule)],
+    "backoff base doubled": [
+        (reconcile, "backoff_delay", lambda n, o: 2 * _ORIGINAL_BACKOFF(n, o)),
+    ],
+    "reschedule delays doubled": [
+        (reconcile, "reschedule_delay", lambda p, n: 2 * _ORIGINAL_RESCHEDULE(p, n)),
+    ],
+}
+
+
+#: Changes replay cannot see yet. A backoff retry on an unchanged cluster cannot place
+#: anything (any capacity change retries every backed-off replica at once), so the
+#: backoff schedule shows only in timer durations, which the SDK does not compare on
+#: replay, and in pending entries, which no persisted digest covers.
+UNDETECTED = {
+    "backoff base doubled": "backoff timing reaches no command or digest (timer durations are "
+    "not compared on replay): the workflow must fold its wake-up schedule into a checked value",
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=UNDETECTED[name]),
+        )
+        if name in UNDETECTED
+        else name
+        for name in sorted(CHANGES)
+    ],
+)
+async def test_an_unpatched_change_is_detected_on_replay(
+    change: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for target, name, value in CHANGES[change]:
+        monkeypatch.setattr(target, name, value, raising=name != "sorted")
     replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
-    path = next(p for p in HISTORIES if p.stem.startswith("lifecycle"))
-    result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
-    assert result.replay_failure is not None
-    assert "digest" in str(result.replay_failure)
+    caught: list[str] = []
+    for path in DEV:
+        result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            caught.append(f"{path.stem}: {type(result.replay_failure).__name__}")
+    assert caught, f"{change}: every recorded history replays cleanly with the change"
+    # the same change must be caught whichever store the run was recorded with
+    for store in ("sqlite", "postgres"):
+        assert any(c.startswith(f"dev-{store}-") for c in caught), (store, caught)

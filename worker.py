@@ -23,6 +23,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.store_activities import StoreActivities
+from forge import watchdog
 from forge.client import ensure_search_attributes
 from forge.codec import data_converter
 from forge.logs import configure
@@ -78,6 +79,17 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         )
     store = open_store(settings.store_url)
     stop = stop or asyncio.Event()
+    guard: asyncio.Task[None] | None = None
+    if settings.watchdog_seconds:
+        guard = asyncio.create_task(
+            watchdog.watch(
+                client,
+                settings.task_queue,
+                period=settings.watchdog_seconds,
+                meter=runtime.metric_meter,
+                stop=stop,
+            )
+        )
     try:
         async with build_worker(client, store, settings.task_queue):
             log.info(
@@ -91,6 +103,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             await stop.wait()
             log.info("worker stopping")
     finally:
+        if guard is not None:
+            guard.cancel()
         store.close()
 
 

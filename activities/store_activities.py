@@ -237,10 +237,15 @@ class StoreActivities:
         reports = self.store.reports_since(req.cluster, req.seq, req.limit)
         reports = reports[: within_bytes(reports, _json_len)]
         latest: dict[str, str] = {}
+        nodes: dict[str, str] = {}
         for r in reports:
             latest[r.workload_id] = r.status
+            if r.node:
+                nodes[r.workload_id] = r.node
+            else:
+                nodes.pop(r.workload_id, None)
         last = reports[-1].seq if reports else req.seq
-        return ReportsOut(statuses=sorted(latest.items()), last_seq=last)
+        return ReportsOut(statuses=sorted(latest.items()), last_seq=last, nodes=nodes)
 
     @activity.defn(name=ACT_METRICS)
     @heartbeating

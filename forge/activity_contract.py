@@ -111,6 +111,7 @@ class PersistIn(_Msg):
     release: list[str] = Field(default_factory=list)
     nodes_upsert: list[Node] = Field(default_factory=list)
     nodes_remove: list[str] = Field(default_factory=list)
+    status: str | None = None  # forge.contract.LoopStatus as JSON, stored as it is
 
 
 class WatchIn(_Msg):
@@ -138,6 +139,9 @@ class ReportsIn(_Msg):
 class ReportsOut(_Msg):
     statuses: list[tuple[str, str]] = Field(default_factory=list)  # (workload id, status)
     last_seq: int
+    nodes: dict[str, str] = Field(
+        default_factory=dict, description="workload id -> the node its latest report names"
+    )
 
 
 class MetricsIn(_Msg):
@@ -180,10 +184,12 @@ def to_delta(p: PersistIn, *, validate: bool) -> Delta:
             release=list(p.release),
             nodes_upsert=list(p.nodes_upsert),
             nodes_remove=list(p.nodes_remove),
+            status=p.status,
         )
     return Delta.model_construct(
         bind=binds,
         release=list(p.release),
         nodes_upsert=list(p.nodes_upsert),
         nodes_remove=list(p.nodes_remove),
+        status=p.status,
     )

@@ -309,10 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "status",
-        parents=[temporal],
+        parents=[temporal, store],
         help="show counts, nodes and pending replicas",
         description=(
-            "Show the cluster's summary, nodes and pending replicas grouped by reason.\n\n"
+            "Show the cluster's summary, nodes and pending replicas grouped by reason, as "
+            "the last pass published them: read from the store the worker persists to, "
+            "never by querying the workflow.\n\n"
             "--json prints one object: {summary: {desired, bound, pending, ...}, nodes: "
             "[{id, state, cpu: {capacity, allocated}, memory: {capacity, allocated}, gpus: "
             "{total, allocated}}], assignments: [{workload_id, node, gpu_ids, status}], "
@@ -327,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser(
-        "explain", parents=[temporal], help="why a replica is where it is, or not placed"
+        "explain",
+        parents=[temporal, store],
+        help="why a replica is where it is, or not placed (reads the store)",
     )
     p.add_argument("workload_id", metavar="WORKLOAD_ID", help="job/group/ordinal, e.g. web/api/0")
     p.set_defaults(handler=cmd_explain)
@@ -554,14 +558,23 @@ def _rpc_message(err: RPCError, settings: Settings) -> str:
     return f"Temporal at {settings.address}: {err.status.name.lower()}: {msg}"
 
 
-def _remote(args: argparse.Namespace, action: Callable[[ForgeClient], Awaitable[int]]) -> int:
-    """Connect with the command's settings, run ``action``, map SDK errors to exits."""
+def _remote(
+    args: argparse.Namespace,
+    action: Callable[[ForgeClient], Awaitable[int]],
+    *,
+    reads_store: bool = False,
+) -> int:
+    """Connect with the command's settings, run ``action``, map SDK errors to exits.
+    ``reads_store``: the command reads what the loop published to the store."""
     settings = _settings(args)
-    return asyncio.run(_run_remote(settings, args.connect_timeout, action))
+    return asyncio.run(_run_remote(settings, args.connect_timeout, action, reads_store))
 
 
 async def _run_remote(
-    settings: Settings, timeout: float, action: Callable[[ForgeClient], Awaitable[int]]
+    settings: Settings,
+    timeout: float,
+    action: Callable[[ForgeClient], Awaitable[int]],
+    reads_store: bool = False,
 ) -> int:
     from temporalio.client import (
         WorkflowQueryFailedError,
@@ -574,7 +587,8 @@ async def _run_remote(
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
     client = await _connect(settings, timeout)
-    fc = ForgeClient(client, cluster=settings.cluster, task_queue=settings.task_queue)
+    store = _open_existing_store(settings.store_url) if reads_store else None
+    fc = ForgeClient(client, cluster=settings.cluster, task_queue=settings.task_queue, store=store)
     try:
         return await action(fc)
     except ForgeError as err:
@@ -588,6 +602,9 @@ async def _run_remote(
             f"no answer from {fc.workflow_id} in time: is a worker polling task queue "
             f"{settings.task_queue!r}?"
         ) from None
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _quiet_sdk_orphans(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -922,7 +939,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(output.table(("WORKLOAD", "NODE", "GPUS", "STATUS"), rows))
         return 0
 
-    return _remote(args, action)
+    return _remote(args, action, reads_store=True)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -930,7 +947,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(output.explain_text(await fc.explain(args.workload_id)))
         return 0
 
-    return _remote(args, action)
+    return _remote(args, action, reads_store=True)
 
 
 def cmd_store_migrate(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -35,8 +35,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forge import contract as c
-from forge.models import MAX_BATCH_BYTES, Job, Node
+from forge import views, watchdog
+from forge.models import MAX_BATCH_BYTES, Assignment, Job, Node
+from forge.placement import Binding
 from forge.settings import Settings
+from forge.stores.base import Store
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -160,8 +163,12 @@ class ForgeClient:
         task_queue: str = c.TASK_QUEUE,
         options: c.ClusterOptions | None = None,
         search_attributes: bool = True,
+        store: Store | None = None,
     ) -> None:
         self.client = client
+        #: Where the worker persists (the same URL): status, assignments and
+        #: explanations are read from it, never asked of the workflow.
+        self.store = store
         self.search_attributes = search_attributes
         self._in_flight: asyncio.Semaphore | None = None
         self._running = False  # seen running: plain updates, no update-with-start
@@ -330,43 +337,101 @@ class ForgeClient:
         )
         return result
 
-    async def report_failed(self, workload_ids: Sequence[str]) -> int:
+    async def report_failed(
+        self, workload_ids: Sequence[str], *, on: Mapping[str, str] | None = None
+    ) -> int:
+        """Report replicas failed; ``on`` (workload id -> node) keys each report by
+        its binding, so a repeat after the replica moved restarts nothing."""
         total = 0
         for i in range(0, len(workload_ids), c.MAX_WORKLOADS_PER_UPDATE):
             part = list(workload_ids[i : i + c.MAX_WORKLOADS_PER_UPDATE])
+            where = {w: on[w] for w in part if on and w in on}
             res: c.ReportFailedResult = await self._update(
-                c.UPDATE_REPORT_FAILED, c.ReportFailed(workload_ids=part), c.ReportFailedResult
+                c.UPDATE_REPORT_FAILED,
+                c.ReportFailed(workload_ids=part, on=where),
+                c.ReportFailedResult,
             )
             total += res.accepted
         return total
 
-    # -- queries ------------------------------------------------------------------------
+    # -- reads: what the loop published, never a query -----------------------------------
+    # A query sent while a worker takes the run over can wedge replay (RELIABILITY.md),
+    # so reads go to the store (bindings, nodes and the status each pass writes with
+    # its delta) and to describe() (the summary memo), like any outside reader.
+    async def summary(self) -> c.Summary:
+        """The loop's summary, from the workflow's memo (describe(); no store needed)."""
+        desc = await self.handle().describe()
+        raw = await desc.memo_value(c.MEMO_SUMMARY, None)
+        return c.Summary.model_validate(raw) if raw is not None else _NO_SUMMARY
+
+    async def published(self) -> c.LoopStatus | None:
+        """The status the last pass published with its delta (None before the first)."""
+        store = self._need_store("the published status")
+        return await asyncio.to_thread(_published, store, self.cluster)
+
     async def status(self) -> c.StatusView:
-        view: c.StatusView = await self.handle().query(c.QUERY_STATUS, result_type=c.StatusView)
-        return view
+        """Nodes, bindings and pending replicas as the last pass published them, and
+        whether the run is stuck (describe(): a workflow task failing again and again)."""
+        stuck = await watchdog.diagnose(self.client, self.workflow_id)  # raises if not running
+        notices = [stuck.line] if stuck is not None else []
+        if self.store is None:
+            view = c.StatusView(summary=await self.summary(), nodes=[], pending=[])
+        else:
+            view = await asyncio.to_thread(self._status_from_store, self.store)
+        return view.model_copy(update={"notices": [*notices, *view.notices]})
 
     async def assignments(
         self, *, node: str | None = None, page: int = 5000
     ) -> list[c.AssignmentView]:
-        """Every binding, fetched page by page (a query result has a size limit)."""
-        out: list[c.AssignmentView] = []
-        after = ""
-        while True:
-            res: c.AssignmentsPage = await self.handle().query(
-                c.QUERY_ASSIGNMENTS,
-                c.AssignmentsQuery(after=after, limit=page, node=node),
-                result_type=c.AssignmentsPage,
+        """Every binding, as persisted (page by page from the store)."""
+        store = self._need_store("assignments")
+        found = await asyncio.to_thread(_all_assignments, store, self.cluster, page)
+        return [
+            c.AssignmentView(
+                workload_id=a.workload_id, node=a.node, gpu_ids=list(a.gpu_ids), status=a.status
             )
-            out.extend(res.items)
-            if res.next_after is None:
-                return out
-            after = res.next_after
+            for a in found
+            if node is None or a.node == node
+        ]
 
     async def explain(self, workload_id: str) -> c.Explanation:
-        res: c.Explanation = await self.handle().query(
-            c.QUERY_EXPLAIN, workload_id, result_type=c.Explanation
+        """Why a replica is bound where it is, or why it waits, and every node's verdict."""
+        store = self._need_store("explain")
+        return await asyncio.to_thread(self._explain_from_store, store, workload_id)
+
+    def _need_store(self, what: str) -> Store:
+        if self.store is None:
+            raise ForgeError(
+                f"{what} reads the store the worker persists to: pass store= (FORGE_STORE)",
+                bad_input=True,
+            )
+        return self.store
+
+    def _status_from_store(self, store: Store) -> c.StatusView:
+        doc = _published(store, self.cluster)
+        nodes = _all_nodes(store, self.cluster)
+        bindings = [Binding.from_assignment(a) for a in _all_assignments(store, self.cluster)]
+        summary = doc.summary if doc is not None else _NO_SUMMARY
+        return c.StatusView(
+            summary=summary,
+            nodes=views.node_views(nodes, bindings),
+            pending=doc.pending if doc is not None else [],
+            pending_truncated=doc.pending_truncated if doc is not None else 0,
+            notices=doc.notices if doc is not None else [],
         )
-        return res
+
+    def _explain_from_store(self, store: Store, wid: str) -> c.Explanation:
+        doc = _published(store, self.cluster)
+        bindings = [Binding.from_assignment(a) for a in _all_assignments(store, self.cluster)]
+        shown = {p.workload_id: p for p in doc.pending} if doc is not None else {}
+        return views.explanation(
+            wid,
+            binding=next((b for b in bindings if b.workload_id == wid), None),
+            pending=shown.get(wid),
+            job=store.get_job(self.cluster, wid.rsplit("/", 2)[0]),
+            nodes=_all_nodes(store, self.cluster),
+            bindings=bindings,
+        )
 
     # -- helpers ------------------------------------------------------------------------
     async def _signal(self, name: str, arg: BaseModel) -> None:
@@ -399,6 +464,42 @@ class ForgeClient:
                         raise
                     await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+
+_NO_SUMMARY = c.Summary(
+    desired=0,
+    bound=0,
+    pending=0,
+    nodes=0,
+    jobs=0,
+    passes=0,
+    generation=0,
+    last_pass_at=None,
+    last_pass="nothing published yet",
+)
+
+
+def _published(store: Store, cluster: str) -> c.LoopStatus | None:
+    raw = store.loop_status(cluster)
+    return c.LoopStatus.model_validate_json(raw) if raw is not None else None
+
+
+def _all_nodes(store: Store, cluster: str, page: int = 5000) -> list[Node]:
+    out: list[Node] = []
+    while True:
+        got = store.nodes(cluster, out[-1].id if out else "", page)
+        out.extend(got)
+        if len(got) < page:
+            return out
+
+
+def _all_assignments(store: Store, cluster: str, page: int = 5000) -> list[Assignment]:
+    out: list[Assignment] = []
+    while True:
+        got = store.assignments(cluster, out[-1].workload_id if out else "", page)
+        out.extend(got)
+        if len(got) < page:
+            return out
 
 
 def _refused(err: WorkflowUpdateFailedError) -> ForgeError:

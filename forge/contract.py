@@ -20,6 +20,7 @@ __all__ = [
     "MAX_JOBS_PER_UPDATE",
     "MAX_NODES_PER_SIGNAL",
     "MAX_WORKLOADS_PER_UPDATE",
+    "MEMO_SUMMARY",
     "QUERY_ASSIGNMENTS",
     "QUERY_EXPLAIN",
     "QUERY_STATUS",
@@ -47,6 +48,7 @@ __all__ = [
     "DrainNode",
     "Explanation",
     "JobResult",
+    "LoopStatus",
     "NodeRef",
     "NodeView",
     "PendingView",
@@ -95,6 +97,10 @@ MAX_WORKLOADS_PER_UPDATE = 1000
 #: Jobs per `submit_jobs` update: a batch of small specs stays far below the 2 MiB
 #: payload limit, and bulk loads need few round trips.
 MAX_JOBS_PER_UPDATE = 200
+
+
+#: The memo key under which the loop publishes its ``Summary`` (for describe()).
+MEMO_SUMMARY = "forge"
 
 
 def workflow_id(cluster: str) -> str:
@@ -204,6 +210,11 @@ class DrainNode(_Msg):
 
 class ReportFailed(_Msg):
     workload_ids: list[str] = Field(min_length=1, max_length=MAX_WORKLOADS_PER_UPDATE)
+    on: dict[str, str] = Field(
+        default_factory=dict,
+        description="workload id -> the node it failed on: the report then applies to "
+        "that binding only (one replayed after the replica moved changes nothing)",
+    )
 
 
 class JobResult(_Msg):
@@ -272,6 +283,33 @@ class StatusView(_Msg):
     nodes: list[NodeView]
     pending: list[PendingView]
     pending_truncated: int = 0
+    notices: list[str] = Field(
+        default_factory=list, description="what needs an operator (a stuck run, dropped input)"
+    )
+
+
+class LoopStatus(_Msg):
+    """What the loop publishes each pass that changed something: written to the
+    store in the same transaction as the pass's delta, so a reader of the store
+    sees bindings, nodes and this status from one and the same pass. Forge's own
+    readers (``forge status``, ``explain``, the client) use it instead of a query
+    (a query during a worker takeover can wedge replay: see RELIABILITY.md)."""
+
+    summary: Summary
+    pending: list[PendingView] = Field(default_factory=list, description="the first few")
+    pending_truncated: int = 0
+    reasons: list[tuple[str, int]] = Field(
+        default_factory=list, description="why replicas wait: reason, replicas (top few)"
+    )
+    deferred: int = Field(default=0, description="replicas the work budget left for next pass")
+    notices: list[str] = Field(
+        default_factory=list, description="what an operator should know: dropped signals ..."
+    )
+    state_digest: str = Field(
+        default="",
+        description="forge.stores.base.state_digest of the workflow's bindings after the "
+        "pass: equal to the store's own when the store holds exactly those bindings",
+    )
 
 
 class AssignmentsQuery(_Msg):

@@ -350,6 +350,7 @@ async def _session(
     from temporalio.service import RPCError
 
     from forge.client import SEARCH_ATTRIBUTES, ForgeClient, ForgeError, ensure_search_attributes
+    from forge.stores import open_store
 
     address = f"localhost:{opts.port}"
     data = opts.data_dir
@@ -378,6 +379,8 @@ async def _session(
     fc = ForgeClient(client, cluster=opts.cluster, task_queue=opts.task_queue)
     try:
         await _race(fc.start(), stop, children)
+        # status reads what the loop publishes to the worker's store (never a query)
+        fc.store = open_store(Settings.from_env(env).store_url)
         _banner(opts, address, env, children)
         if opts.demo:
             await _race(_demo(fc), stop, children)

@@ -250,6 +250,7 @@ def status_json(status: StatusView, assignments: Sequence[AssignmentView]) -> di
     """The ``forge status --json`` object (documented in ``forge status --help``)."""
     summary = status.summary.model_dump()
     summary["pending_truncated"] = status.pending_truncated
+    summary["notices"] = list(status.notices)
     return {
         "summary": summary,
         "nodes": [
@@ -290,6 +291,7 @@ def status_text(cluster: str, status: StatusView) -> str:
     """Human output of ``forge status``: summary, node table, pending by reason."""
     s = status.summary
     lines = [status_line(cluster, status), f"last pass: {s.last_pass}"]
+    lines += [f"attention: {n}" for n in status.notices]
     if status.nodes:
         lines += ["", *_nodes_table(status)]
     else:

@@ -31,6 +31,7 @@ ENV_VARS = (
     "FORGE_TEMPORAL_TLS_CA",
     "FORGE_TEMPORAL_TLS_SERVER_NAME",
     "FORGE_TEMPORAL_API_KEY",
+    "FORGE_WATCHDOG_SECONDS",
 )
 
 
@@ -46,6 +47,19 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not an integer") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not value >= 0:
+        raise SettingsError(f"{name}={raw!r} must be 0 or more")
+    return value
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,7 @@ class Settings:
     tls_ca: str = ""
     tls_server_name: str = ""
     api_key: str = field(default="", repr=False)
+    watchdog_seconds: float = 10.0  # 0: the worker runs no watchdog
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -83,6 +98,7 @@ class Settings:
             tls_ca=e.get("FORGE_TEMPORAL_TLS_CA", ""),
             tls_server_name=e.get("FORGE_TEMPORAL_TLS_SERVER_NAME", ""),
             api_key=e.get("FORGE_TEMPORAL_API_KEY", ""),
+            watchdog_seconds=_float(e, "FORGE_WATCHDOG_SECONDS", 10.0),
         )
         if s.log_format not in ("auto", "console", "json"):
             raise SettingsError(f"FORGE_LOG_FORMAT={s.log_format!r}: use auto, console or json")

@@ -548,7 +548,10 @@ def check_status_consistent(doc: dict[str, Any], jobs: list[Job]) -> None:
 
 @pytest.mark.slow
 async def test_cli_drives_a_live_cluster(
-    temporal_cli: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    temporal_cli: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli,
@@ -563,7 +566,10 @@ async def test_cli_drives_a_live_cluster(
     )
     try:
         client: Client = env.client
-        async with cluster(client, search_attributes=True) as (fc, store):
+        db = tmp_path / "forge.db"
+        # status and explain read what the loop publishes to the worker's store
+        monkeypatch.setenv("FORGE_STORE", f"sqlite:///{db}")
+        async with cluster(client, store=SqliteStore(db), search_attributes=True) as (fc, store):
             await fc.start()  # with the test options (no store watch)
             target = [
                 "--address",

@@ -48,7 +48,7 @@ from forge.codec import data_converter
 from forge.logs import REDACTED, configure, redact
 from forge.models import Job
 from forge.settings import Settings, SettingsError
-from forge.stores import Store
+from forge.stores import SqliteStore, Store
 from forge.stores.postgres import PostgresStore, parse_postgres_url
 from tests.e2e.procs import WorkerProc, eventually
 from tests.workflow.harness import cluster, default_options, node
@@ -250,14 +250,19 @@ async def test_task_env_values_appear_in_no_query_detail_log_or_cli_output(
     skipping_env: WorkflowEnvironment,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    async with cluster(skipping_env.client) as (fc, _):
+    db = tmp_path / "forge.db"
+    monkeypatch.setenv("FORGE_STORE", f"sqlite:///{db}")  # what the CLI reads status from
+    async with cluster(skipping_env.client, store=SqliteStore(db)) as (fc, store):
+        seen: list[str] = [store.loop_status(fc.cluster) or ""]
         await fc.register_nodes([node("n1", cpu=4000)])
         await fc.submit_job(secret_job("db", cpu=500))  # bound
         await fc.submit_job(secret_job("huge", cpu=64000))  # pending, with reasons
         handle = fc.handle()
-        seen: list[str] = []
+        seen.append(store.loop_status(fc.cluster) or "")  # the published status
         status = await fc.status()
         assert status.summary.bound == 1 and status.summary.pending == 1
         seen.append(status.model_dump_json())

@@ -38,11 +38,12 @@ with workflow.unsafe.imports_passed_through():
 
     from forge import activity_contract as ac
     from forge import contract as c
+    from forge import views
     from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
     from forge.models import MAX_BATCH_BYTES, AssignmentStatus, Job, Node, NodeState, workload_id
-    from forge.placement import Binding, Cluster, explain_node
+    from forge.placement import Binding
     from forge.reconcile import DEFAULT_MAX_WORK, FailureHistory, PendingEntry, Plan, reconcile
-    from forge.stores.base import ApplyResult, JobPage, rows_digest
+    from forge.stores.base import STATE_MOD, ApplyResult, JobPage, binding_hash, rows_digest
 
 __all__ = ["ClusterWorkflow"]
 
@@ -66,8 +67,11 @@ SA_NODES = SearchAttributeKey.for_int(c.SA_NODES)
 #: workflow.patched ids. A behaviour change to code a pass runs is guarded by one,
 #: so a history recorded before it replays with the old behaviour.
 PATCH_WORK_BUDGET = "work-budget-1"
+#: Each pass that changes something publishes a status to the store (with its delta)
+#: and a summary memo, for readers that must not query.
+PATCH_PUBLISH = "publish-status-1"
 
-PENDING_SHOWN = 200  # pending replicas listed by the status query (the rest are counted)
+PENDING_SHOWN = views.PENDING_SHOWN  # pending replicas a status lists (the rest are counted)
 #: ApplicationError type of an update refused while the run is due to continue as
 #: new: nothing reached history, and the client retries it (forge.client matches it).
 BUSY = "Busy"
@@ -123,6 +127,8 @@ class ClusterWorkflow:
         # over replays every pass, so the run ends before replay gets slow.
         self.replay_cost = 0
         self.longest_plan = 0.0  # seconds; a metric only
+        self.published = ""  # the last status published (without per-pass fields)
+        self.state_sum = 0  # forge.stores.base.binding_hash summed over self.bindings
         self.updates = 0  # accepted in this run
         self.queued_bytes = 0  # job JSON queued by handlers since the queue was empty
 
@@ -186,6 +192,7 @@ class ClusterWorkflow:
                 break
             after = page.next_after
         bindings: dict[str, Binding] = {}
+        state_sum = 0  # summed page by page: no activation walks every binding
         after = ""
         while True:
             rows: ac.AssignmentRows = await self._act(
@@ -199,11 +206,13 @@ class ClusterWorkflow:
                     job, group, ordinal, node, tuple(gpu_ids), cpu, mem, AssignmentStatus(status)
                 )
                 bindings[workload_id(job, group, ordinal)] = b
+                state_sum += _hash(b)
             if rows.next_after is None:
                 break
             after = rows.next_after
         self.nodes = nodes
         self.bindings = bindings
+        self.state_sum = state_sum % STATE_MOD
         self.jobs = {}
         self.jobs_revision = 0
         await self._load_jobs()
@@ -291,12 +300,28 @@ class ClusterWorkflow:
             nodes_upsert=list(nodes_upsert.values()),
             nodes_remove=list(nodes_remove),
         )
-        if persist.bind or persist.release or persist.nodes_upsert or persist.nodes_remove:
+        published: tuple[str, c.Summary] | None = None
+        if workflow.patched(PATCH_PUBLISH):
+            published = self._publication(plan, now)
+            if published[0] != self.published:
+                persist = persist.model_copy(update={"status": _status_json(published)})
+        if (
+            persist.bind
+            or persist.release
+            or persist.nodes_upsert
+            or persist.nodes_remove
+            or persist.status is not None
+        ):
             self.pass_no += 1
             if not await self._persist(persist, plan):
                 return  # state was reloaded from the store; plan again
+            if persist.status is not None and published is not None:
+                self.published = published[0]
+                # the summary for describe() (no store needed); small, never compressed
+                workflow.upsert_memo({c.MEMO_SUMMARY: published[1].model_dump(mode="json")})
 
         # commit
+        self.state_sum = self._state_after(plan)
         self.bindings = plan.bindings
         self.pending = plan.pending
         self.deferred = plan.deferred
@@ -308,11 +333,7 @@ class ClusterWorkflow:
         self.passes += 1
         self.replay_cost += plan.desired + len(plan.released)
         self.last_pass_at = now
-        self.last_pass = (
-            f"pass {self.passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
-            f"{len(plan.pending) + plan.deferred} pending"
-            + (f" ({plan.deferred} deferred)" if plan.deferred else "")
-        )
+        self.last_pass = _pass_text(self.passes, plan)
         if plan.deferred:
             self.dirty = True
         self._record(plan, elapsed)
@@ -435,8 +456,8 @@ class ClusterWorkflow:
             )
             for wid, status in out.statuses:
                 b = self.bindings.get(wid)
-                if b is None:
-                    continue
+                if b is None or out.nodes.get(wid, b.node) != b.node:
+                    continue  # not bound, or about a binding that has moved since
                 if status in ("failed", "exited"):
                     self.failed[wid] = None
                 elif status == "running" and b.status is AssignmentStatus.PENDING:
@@ -708,7 +729,10 @@ class ClusterWorkflow:
         await workflow.wait_condition(lambda: self.ready)
         accepted = 0
         for wid in req.workload_ids:
-            if wid in self.bindings:
+            b = self.bindings.get(wid)
+            # keyed by the binding when the sender says where it failed: a report
+            # replayed after a reset cannot restart a replica that has moved since
+            if b is not None and req.on.get(wid, b.node) == b.node:
                 self.failed[wid] = None
                 accepted += 1
         self.dirty = True
@@ -791,36 +815,17 @@ class ClusterWorkflow:
         )
 
     # -- queries ------------------------------------------------------------------------
+    # Best-effort views for operators (`temporal workflow query`). Forge's own tools
+    # read what the loop publishes instead: a query sent while a worker takes the
+    # run over can wedge replay (RELIABILITY.md), and these walk every binding.
     @workflow.query(name=c.QUERY_STATUS)
     def status(self) -> c.StatusView:
-        cluster = self._allocations()
-        counts = Counter(b.node for b in self.bindings.values())
-        nodes = [
-            c.NodeView(
-                id=a.id,
-                state=str(a.node.state),
-                cpu=c.ResourceView(capacity=a.node.cpu, allocated=a.cpu_used),
-                memory=c.ResourceView(capacity=a.node.memory, allocated=a.mem_used),
-                gpus=c.GpuView(total=len(a.node.gpus), allocated=a.gpus_used),
-                replicas=per_node,
-            )
-            for a, per_node in ((a, counts.get(a.id, 0)) for a in cluster.nodes)
-        ]
-        pending = [
-            c.PendingView(
-                workload_id=w,
-                reasons=list(e.reasons),
-                kind=e.kind,
-                attempts=e.attempts,
-                not_before=e.not_before,
-            )
-            for w, e in sorted(self.pending.items())[:PENDING_SHOWN]
-        ]
+        pending, truncated = views.pending_views(self.pending)
         return c.StatusView(
             summary=self._summary(),
-            nodes=nodes,
+            nodes=views.node_views(self.nodes.values(), self.bindings.values()),
             pending=pending,
-            pending_truncated=max(0, len(self.pending) - PENDING_SHOWN),
+            pending_truncated=truncated + self.deferred,
         )
 
     @workflow.query(name=c.QUERY_ASSIGNMENTS)
@@ -845,42 +850,55 @@ class ClusterWorkflow:
 
     @workflow.query(name=c.QUERY_EXPLAIN)
     def explain(self, wid: str) -> c.Explanation:
-        b = self.bindings.get(wid)
-        if b is not None:
-            return c.Explanation(
-                workload_id=wid,
-                state="bound",
-                node=b.node,
-                gpu_ids=list(b.gpu_ids),
-                reasons=[f"bound to {b.node} ({b.status})"],
-            )
         e = self.pending.get(wid)
-        if e is None:
-            return c.Explanation(
-                workload_id=wid, state="unknown", reasons=["not a desired replica of any job"]
-            )
-        verdicts: list[str] = []
-        parts = wid.rsplit("/", 2)
-        job = self.jobs.get(parts[0]) if len(parts) == 3 else None
-        group = job.group(parts[1]) if job else None
-        if group is not None:
-            req = group.request()
-            for a in self._allocations().nodes[:20]:
-                verdict = explain_node(a, req, group.constraints) or "fits now"
-                verdicts.append(f"{a.id}: {verdict}")
-        reasons = list(e.reasons)
-        if e.kind in ("backoff", "reschedule", "exhausted"):
-            reasons.append(f"{e.kind}: attempt {e.attempts}, next try at {e.not_before:.0f}")
-        return c.Explanation(workload_id=wid, state="pending", reasons=reasons, nodes=verdicts)
+        shown = views.pending_views({wid: e})[0][0] if e is not None else None
+        return views.explanation(
+            wid,
+            binding=self.bindings.get(wid),
+            pending=shown,
+            job=self.jobs.get(wid.rsplit("/", 2)[0]),
+            nodes=self.nodes.values(),
+            bindings=self.bindings.values(),
+        )
 
     # -- presentation -------------------------------------------------------------------
-    def _allocations(self) -> Cluster:
-        cluster = Cluster(list(self.nodes.values()))
-        for b in self.bindings.values():
-            a = cluster.by_id.get(b.node)
-            if a is not None:
-                a.hold(b)
-        return cluster
+    def _state_after(self, plan: Plan) -> int:
+        """The bindings hash after ``plan``, from its changes alone."""
+        total = self.state_sum
+        for wid, _ in plan.released:
+            total -= _hash(self.bindings[wid])
+        for b in plan.placed:
+            total += _hash(b)
+        return total % STATE_MOD
+
+    def _publication(self, plan: Plan, now: float) -> tuple[str, c.Summary]:
+        """What this pass publishes (status JSON without the fields that change every
+        pass, so an unchanged cluster publishes nothing), and its summary."""
+        summary = c.Summary(
+            desired=plan.desired,
+            bound=len(plan.bindings),
+            pending=len(plan.pending) + plan.deferred,
+            nodes=len(self.nodes),
+            jobs=len(self.jobs),
+            passes=0,
+            generation=self.generation,
+            last_pass_at=None,
+            last_pass="",
+        )
+        doc = views.loop_status(
+            summary,
+            plan.pending,
+            deferred=plan.deferred,
+            state_digest=f"{self._state_after(plan):016x}",
+        )
+        full = summary.model_copy(
+            update={
+                "passes": self.passes + 1,
+                "last_pass_at": now,
+                "last_pass": _pass_text(self.passes + 1, plan),
+            }
+        )
+        return doc.model_dump_json(), full
 
     def _summary(self) -> c.Summary:
         desired = sum(g.scaling.desired for j in self.jobs.values() for g in j.groups)
@@ -993,6 +1011,24 @@ def _signal_payload(name: str, model: type[_Payload], args: tuple[Any, ...]) -> 
             problem = f"not a {model.__name__}: {type(err).__name__}"
     workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
     return None
+
+
+def _hash(b: Binding) -> int:
+    return binding_hash(b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory)
+
+
+def _pass_text(passes: int, plan: Plan) -> str:
+    return (
+        f"pass {passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
+        f"{len(plan.pending) + plan.deferred} pending"
+        + (f" ({plan.deferred} deferred)" if plan.deferred else "")
+    )
+
+
+def _status_json(published: tuple[str, c.Summary]) -> str:
+    """The published status with the live summary filled in."""
+    doc = c.LoopStatus.model_validate_json(published[0])
+    return doc.model_copy(update={"summary": published[1]}).model_dump_json()
 
 
 def _json_size(job: Job) -> int:

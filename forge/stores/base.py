@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forge.models import Assignment, Job, Node
 
 __all__ = [
+    "STATE_MOD",
     "ApplyResult",
     "Delta",
     "Fence",
@@ -33,11 +34,13 @@ __all__ = [
     "Store",
     "StoreError",
     "TaskReport",
+    "binding_hash",
     "check_fence",
     "delta_digest",
     "group_of",
     "mean_usage",
     "rows_digest",
+    "state_digest",
 ]
 
 
@@ -85,6 +88,11 @@ class Delta(_Wire):
     release: list[str] = Field(default_factory=list)
     nodes_upsert: list[Node] = Field(default_factory=list)
     nodes_remove: list[str] = Field(default_factory=list)
+    status: str | None = Field(
+        default=None,
+        description="the loop's published status (JSON, opaque to the store), replaced "
+        "in the same transaction; not part of the digest",
+    )
 
     def is_empty(self) -> bool:
         return not (self.bind or self.release or self.nodes_upsert or self.nodes_remove)
@@ -105,6 +113,12 @@ class TaskReport(_Wire):
     memory: float | None = Field(default=None, ge=0, description="memory utilisation 0..1+")
     at: float
     message: str = Field(default="", max_length=1024)
+    node: str = Field(
+        default="",
+        max_length=253,
+        description="the node the replica ran on ('' = not said): a failure for a "
+        "replica bound elsewhere by now is ignored",
+    )
 
 
 def delta_digest(delta: Delta) -> str:
@@ -140,6 +154,28 @@ def rows_digest(
         separators=(",", ":"),
     )
     return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+#: Bindings as a multiset hash: the sum of each binding's hash, modulo 2**64. A pass
+#: updates it with what it placed and released (no walk over every binding), and a
+#: reader of the store recomputes it from the rows: equal sums mean the store holds
+#: exactly the workflow's bindings (invariant 6), without asking the workflow.
+STATE_MOD = 1 << 64
+
+
+def binding_hash(
+    job: str, group: str, ordinal: int, node: str, gpu_ids: Sequence[str], cpu: int, memory: int
+) -> int:
+    text = f"{job}/{group}/{ordinal}|{node}|{','.join(gpu_ids)}|{cpu}|{memory}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def state_digest(assignments: Iterable[Assignment]) -> str:
+    """The bindings hash of what a store holds (see ``STATE_MOD``), as hex."""
+    total = 0
+    for a in assignments:
+        total += binding_hash(a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory)
+    return f"{total % STATE_MOD:016x}"
 
 
 def check_fence(
@@ -237,6 +273,10 @@ class Store(Protocol):
         stored digest returned (``StoreError`` if the digest differs).
         fence > stored fence: apply, store fence and digest, ``applied=True``.
         """
+        ...
+
+    def loop_status(self, cluster: str) -> str | None:
+        """The status document the loop last published with a delta (JSON)."""
         ...
 
     def fence(self, cluster: str) -> Fence | None:

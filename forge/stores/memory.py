@@ -49,6 +49,7 @@ class _Cluster:
     heartbeats: dict[str, float] = field(default_factory=dict)
     reports: list[TaskReport] = field(default_factory=list)  # reports[i].seq == i + 1
     usage: dict[str, _Usage] = field(default_factory=dict)
+    status: str | None = None
 
 
 class MemoryStore:
@@ -138,8 +139,14 @@ class MemoryStore:
                 c.nodes.pop(node_id, None)
             for node in delta.nodes_upsert:
                 c.nodes[node.id] = node
+            if delta.status is not None:
+                c.status = delta.status
             c.fence, c.digest = fence, digest
         return ApplyResult(applied=True, digest=digest)
+
+    def loop_status(self, cluster: str) -> str | None:
+        with self._lock:
+            return self._cluster(cluster).status
 
     def fence(self, cluster: str) -> Fence | None:
         with self._lock:

@@ -110,6 +110,17 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             PRIMARY KEY (cluster, workload_id)
         ) WITHOUT ROWID""",
     ),
+    # 2: what the loop publishes each pass (summary, pending replicas and why), so
+    # status reads the store instead of querying the workflow.
+    (
+        """CREATE TABLE loop_status (
+            cluster TEXT PRIMARY KEY,
+            doc TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        # the node a task report is about: a failure reported for a replica that
+        # has moved since (a replayed report) must not restart it where it is now
+        "ALTER TABLE reports ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+    ),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -182,6 +193,14 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (cluster, workload_id)
         )""",
+    ),
+    # 2: see the SQLite step
+    (
+        """CREATE TABLE loop_status (
+            cluster TEXT COLLATE "C" PRIMARY KEY,
+            doc TEXT NOT NULL
+        )""",
+        "ALTER TABLE reports ADD COLUMN node TEXT NOT NULL DEFAULT ''",
     ),
 )
 

@@ -346,6 +346,12 @@ class PostgresStore:
                         for n in delta.nodes_upsert
                     ],
                 )
+            if delta.status is not None:
+                cur.execute(
+                    "INSERT INTO loop_status (cluster, doc) VALUES (%s, %s)"
+                    " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
+                    (cluster, delta.status),
+                )
             cur.execute(
                 "UPDATE fences SET generation = %s, pass_no = %s, digest = %s WHERE cluster = %s",
                 (fence.generation, fence.pass_no, digest, cluster),
@@ -384,6 +390,10 @@ class PostgresStore:
                 [a.status.value for a in last],
             ),
         )
+
+    def loop_status(self, cluster: str) -> str | None:
+        row = self._one("SELECT doc FROM loop_status WHERE cluster = %s", (cluster,))
+        return str(row[0]) if row is not None else None
 
     def fence(self, cluster: str) -> Fence | None:
         row = self._one("SELECT generation, pass_no FROM fences WHERE cluster = %s", (cluster,))
@@ -444,9 +454,19 @@ class PostgresStore:
             first = last - len(reports) + 1
             cur.executemany(
                 "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-                " message) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " message, node) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [
-                    (cluster, seq, r.workload_id, r.status, r.cpu, r.memory, r.at, r.message)
+                    (
+                        cluster,
+                        seq,
+                        r.workload_id,
+                        r.status,
+                        r.cpu,
+                        r.memory,
+                        r.at,
+                        r.message,
+                        r.node,
+                    )
                     for seq, r in enumerate(reports, first)
                 ],
             )
@@ -470,13 +490,13 @@ class PostgresStore:
 
     def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
         rows = self._all(
-            "SELECT seq, workload_id, status, cpu, memory, at, message FROM reports"
+            "SELECT seq, workload_id, status, cpu, memory, at, message, node FROM reports"
             " WHERE cluster = %s AND seq > %s ORDER BY seq LIMIT %s",
             (cluster, seq, max(limit, 0)),
         )
         return [
-            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg)
-            for s, w, st, c, m, at, msg in rows
+            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
+            for s, w, st, c, m, at, msg, n in rows
         ]
 
     def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:

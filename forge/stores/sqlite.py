@@ -342,6 +342,12 @@ class SqliteStore:
                         for n in delta.nodes_upsert
                     ],
                 )
+            if delta.status is not None:
+                db.execute(
+                    "INSERT INTO loop_status (cluster, doc) VALUES (?, ?)"
+                    " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
+                    (cluster, delta.status),
+                )
             db.execute(
                 "INSERT INTO fences (cluster, generation, pass_no, digest) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (cluster) DO UPDATE SET generation = excluded.generation,"
@@ -349,6 +355,14 @@ class SqliteStore:
                 (cluster, fence.generation, fence.pass_no, digest),
             )
         return ApplyResult(applied=True, digest=digest)
+
+    def loop_status(self, cluster: str) -> str | None:
+        row = (
+            self._conn()
+            .execute("SELECT doc FROM loop_status WHERE cluster = ?", (cluster,))
+            .fetchone()
+        )
+        return str(row[0]) if row is not None else None
 
     def fence(self, cluster: str) -> Fence | None:
         row = (
@@ -419,9 +433,19 @@ class SqliteStore:
             first = last - len(reports) + 1
             db.executemany(
                 "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-                " message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (cluster, seq, r.workload_id, r.status, r.cpu, r.memory, r.at, r.message)
+                    (
+                        cluster,
+                        seq,
+                        r.workload_id,
+                        r.status,
+                        r.cpu,
+                        r.memory,
+                        r.at,
+                        r.message,
+                        r.node,
+                    )
                     for seq, r in enumerate(reports, first)
                 ],
             )
@@ -444,15 +468,15 @@ class SqliteStore:
         rows = (
             self._conn()
             .execute(
-                "SELECT seq, workload_id, status, cpu, memory, at, message FROM reports"
+                "SELECT seq, workload_id, status, cpu, memory, at, message, node FROM reports"
                 " WHERE cluster = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (cluster, seq, max(limit, 0)),
             )
             .fetchall()
         )
         return [
-            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg)
-            for s, w, st, c, m, at, msg in rows
+            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
+            for s, w, st, c, m, at, msg, n in rows
         ]
 
     def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:

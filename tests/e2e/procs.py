@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from forge.contract import LoopStatus
+from forge.stores.base import Store, state_digest
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
@@ -76,3 +79,16 @@ async def eventually(
             last = err  # type: ignore[assignment]
         await asyncio.sleep(0.1)
     raise AssertionError(f"{what} not reached in {timeout}s; last: {last!r}"[:2000])
+
+
+def assert_store_is_the_workflows(store: Store, cluster: str) -> LoopStatus:
+    """Invariant 6 without asking the workflow: the bindings hash the last pass
+    published (computed by the workflow from its own state) equals the hash of
+    the rows the store holds, and so do the counts."""
+    raw = store.loop_status(cluster)
+    assert raw is not None, "the loop published no status"
+    doc = LoopStatus.model_validate_json(raw)
+    rows = store.assignments(cluster, limit=10_000_000)
+    assert doc.summary.bound == len(rows), "the published count differs from the store's"
+    assert doc.state_digest == state_digest(rows), "the store differs from the workflow's state"
+    return doc

@@ -11,20 +11,23 @@ from forge import contract as c
 from forge.client import ForgeClient
 from forge.invariants import violations
 from forge.reconcile import ReconcileOptions
-from forge.stores import open_store
+from forge.stores import SqliteStore, Store, open_store
 from tests.e2e.conftest import free_port
-from tests.e2e.procs import eventually
+from tests.e2e.procs import assert_store_is_the_workflows, eventually
 from tests.workflow.harness import job, node
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
-def _client(env: WorkflowEnvironment, queue: str, name: str, **opts: object) -> ForgeClient:
+def _client(
+    env: WorkflowEnvironment, queue: str, name: str, store: Store, **opts: object
+) -> ForgeClient:
     return ForgeClient(
         env.client,
         cluster=name,
         task_queue=queue,
         options=c.ClusterOptions.model_validate({"watch_poll": 0.2, **opts}),
+        store=store,
     )
 
 
@@ -33,16 +36,17 @@ async def test_two_workers_on_postgres_one_killed_the_other_carries_on(
 ) -> None:
     a = spawn_worker(pg_url)
     spawn_worker(pg_url)
+    store = open_store(pg_url)
     fc = _client(
         dev_env,
         spawn_worker.task_queue,
         "pg-two",
+        store,
         reconcile=ReconcileOptions(max_placements=50).model_dump(),
     )
     await fc.register_nodes([node(f"n{i:02d}", cpu=8000, memory=16384, gpus=1) for i in range(30)])
     await fc.submit_job(job("web", replicas=400, cpu=500, memory=512), wait=False)
     await fc.submit_job(job("ml", replicas=20, cpu=1000, gpu=1), wait=False)
-    store = open_store(pg_url)
     try:
         await eventually(
             lambda: _value(store.fence(fc.cluster)),
@@ -57,11 +61,8 @@ async def test_two_workers_on_postgres_one_killed_the_other_carries_on(
             what="convergence on the surviving worker",
         )
         assert status.summary.pending == 0
-        shown = await fc.assignments()
+        assert_store_is_the_workflows(store, fc.cluster)
         stored = store.assignments(fc.cluster, limit=1_000_000)
-        assert {x.workload_id: (x.node, tuple(x.gpu_ids)) for x in shown} == {
-            x.workload_id: (x.node, tuple(x.gpu_ids)) for x in stored
-        }
         assert violations(store.nodes(fc.cluster, limit=10_000), stored) == []
     finally:
         store.close()
@@ -70,7 +71,7 @@ async def test_two_workers_on_postgres_one_killed_the_other_carries_on(
 async def test_worker_exposes_sdk_and_forge_metrics(dev_env, spawn_worker, tmp_path) -> None:
     port = free_port()
     spawn_worker(f"sqlite:///{tmp_path / 'forge.db'}", FORGE_METRICS_PORT=str(port))
-    fc = _client(dev_env, spawn_worker.task_queue, "metrics")
+    fc = _client(dev_env, spawn_worker.task_queue, "metrics", SqliteStore(tmp_path / "forge.db"))
     await fc.register_nodes([node("a"), node("b")])
     await fc.submit_job(job("web", replicas=3))
     await fc.submit_job(job("huge", replicas=1, cpu=100_000))
@@ -89,6 +90,8 @@ async def test_worker_exposes_sdk_and_forge_metrics(dev_env, spawn_worker, tmp_p
         "forge_placements_total",
         "forge_releases_total",
         "forge_persist_seconds",
+        "forge_pass_work_units",
+        "forge_longest_plan_seconds",
         "temporal_workflow_task_execution_latency",  # the SDK runtime's own
     ]
     text = await eventually(

@@ -88,6 +88,7 @@ async def cluster(
                 task_queue=queue,
                 options=options or default_options(),
                 search_attributes=search_attributes,
+                store=store,
             )
             try:
                 yield fc, store

@@ -1,0 +1,186 @@
+"""The watchdog every worker runs: a cluster workflow must never stay stuck.
+
+A workflow task that fails is retried by Temporal for ever, with the same history,
+so a nondeterminism error (a replay that disagrees with history: a code change
+without ``workflow.patched``, or the SDK defect an outside query can trigger,
+RELIABILITY.md) or a deadlock (an activation over the SDK's 2 s) stops the loop
+until someone acts. The watchdog notices it from ``describe()`` (the pending
+workflow task's attempt) and the last ``WorkflowTaskFailed`` event's *cause* (not
+its message), logs and counts it, and for nondeterminism does what an operator
+would: resets the run to its first completed workflow task. That is safe here: the
+store holds the state, persists are fenced (a reset run moves to a newer
+generation), and the signals and updates the reset reapplies are idempotent.
+
+A deadlock is reported, not reset: the same code would deadlock again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from datetime import datetime
+
+import structlog
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import MetricMeter
+
+from forge import contract as c
+
+__all__ = ["Stuck", "diagnose", "recover", "watch"]
+
+log = structlog.get_logger("forge.watchdog")
+
+_NDE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
+_DEADLOCK_MARK = "[TMPRL1101]"  # the SDK's code for an activation over its time limit
+
+
+@dataclass(frozen=True, slots=True)
+class Stuck:
+    """A run whose workflow task keeps failing."""
+
+    workflow_id: str
+    run_id: str
+    attempt: int
+    cause: str  # "nondeterminism", "deadlock" or the server's cause name
+    since: datetime | None  # when the first failure of this streak happened
+    reset_to: int | None  # the run's first completed workflow task (event id)
+    message: str
+
+    @property
+    def line(self) -> str:
+        when = self.since.isoformat(timespec="seconds") if self.since else "?"
+        return f"stuck since {when}: {self.cause} (workflow task attempt {self.attempt})"
+
+
+async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
+    """Is the workflow's current run stuck on a failing workflow task? None if not."""
+    desc = await client.get_workflow_handle(workflow_id).describe()
+    pending = desc.raw_description.pending_workflow_task
+    if desc.status != WorkflowExecutionStatus.RUNNING or pending.attempt < 2:
+        return None
+    run_id = desc.run_id or ""
+    failed = None
+    streak_start = None
+    first_completed: int | None = None
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    async for ev in handle.fetch_history_events():
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            if failed is None:
+                streak_start = ev.event_time.ToDatetime()
+            failed = ev
+        elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            if first_completed is None:
+                first_completed = ev.event_id
+            failed = None
+    if failed is None:
+        return None  # timeouts (a worker died holding the task) heal by themselves
+    attrs = failed.workflow_task_failed_event_attributes
+    message = attrs.failure.message
+    if attrs.cause == _NDE:
+        cause = "nondeterminism"
+    elif _DEADLOCK_MARK in message:
+        cause = "deadlock"
+    else:
+        cause = (
+            WorkflowTaskFailedCause.Name(attrs.cause)
+            .removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
+            .lower()
+        )
+    return Stuck(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        attempt=pending.attempt,
+        cause=cause,
+        since=streak_start,
+        reset_to=first_completed,
+        message=message[:500],
+    )
+
+
+async def recover(client: Client, stuck: Stuck) -> str | None:
+    """Reset a run stuck on nondeterminism to its first completed workflow task;
+    returns the new run id (None when there is nothing safe to do). Workers that
+    race to reset the same run send the same request id, so only one reset happens."""
+    if stuck.cause != "nondeterminism" or stuck.reset_to is None:
+        return None
+    resp = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(
+                workflow_id=stuck.workflow_id, run_id=stuck.run_id
+            ),
+            reason=f"forge watchdog: {stuck.cause}: {stuck.message[:200]}",
+            workflow_task_finish_event_id=stuck.reset_to,
+            request_id=f"forge-watchdog-{stuck.run_id}-{stuck.reset_to}",
+        )
+    )
+    return str(resp.run_id)
+
+
+async def watch(
+    client: Client,
+    task_queue: str,
+    *,
+    period: float,
+    meter: MetricMeter | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Every ``period`` seconds, look at the running cluster workflows of
+    ``task_queue`` and recover the stuck ones. Runs until ``stop`` is set."""
+    stop = stop or asyncio.Event()
+    failures = (
+        meter.create_counter(
+            "forge_workflow_task_failures_total",
+            "cluster workflows found stuck on a failing workflow task, by cause",
+        )
+        if meter is not None
+        else None
+    )
+    resets = (
+        meter.create_counter("forge_watchdog_resets_total", "runs reset by the watchdog")
+        if meter is not None
+        else None
+    )
+    seen: set[tuple[str, str, int]] = set()
+    query = (
+        f"WorkflowType = '{c.WORKFLOW_TYPE}' AND ExecutionStatus = 'Running' "
+        f"AND TaskQueue = '{task_queue}'"
+    )
+    while not stop.is_set():
+        try:
+            async for wf in client.list_workflows(query):
+                stuck = await diagnose(client, wf.id)
+                if stuck is None:
+                    continue
+                key = (stuck.run_id, stuck.cause, stuck.reset_to or 0)
+                if key not in seen:
+                    seen.add(key)
+                    log.error(
+                        "cluster workflow stuck",
+                        workflow_id=stuck.workflow_id,
+                        run_id=stuck.run_id,
+                        cause=stuck.cause,
+                        attempt=stuck.attempt,
+                        error=stuck.message[:200],
+                    )
+                    if failures is not None:
+                        failures.add(1, {"cause": stuck.cause})
+                new_run = await recover(client, stuck)
+                if new_run is not None:
+                    log.warning(
+                        "cluster workflow reset by the watchdog",
+                        workflow_id=stuck.workflow_id,
+                        from_run=stuck.run_id,
+                        to_event=stuck.reset_to,
+                        new_run=new_run,
+                    )
+                    if resets is not None:
+                        resets.add(1)
+        except Exception as err:  # the server busy or away: look again next period
+            log.warning("watchdog could not look", error=str(err)[:200])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)

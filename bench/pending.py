@@ -91,9 +91,9 @@ def pending_heavy(
         )
     # GPU pods sized to ~85% of the devices, so what can fit mostly does
     devices = sum(len(n.gpus) for n in node_list)
-    mean_gpu = sum(groups[s].request().gpu for s in range(impossible, impossible + gpu_shapes))
-    mean_gpu /= gpu_shapes
-    gpu_share: float = min(
+    asked = sum(groups[s].request().gpu for s in range(impossible, impossible + gpu_shapes))
+    mean_gpu = asked / gpu_shapes
+    gpu_share = min(
         0.3, 0.85 * devices / max(1.0, pods * replicas * (1 - unplaceable) * mean_gpu)
     )
     jobs = []

@@ -22,7 +22,7 @@ Why it is built this way:
 - **CORS only for the UI's origin.** The Web UI calls the codec server from the
   browser, so the browser asks first (``OPTIONS``); only the origins given with
   ``--allow-origin`` get an answer that lets the page read the reply.
-- **Loopback by default, an optional token.** With ``--auth-token-file`` (or
+- **Loopback by default, an optional token.** With ``--auth-file`` (or
   ``FORGE_CODEC_TOKEN``) every ``POST`` must carry ``Authorization: Bearer TOKEN``
   (the UI's form) or the bare token (``temporal --codec-auth TOKEN``). A preflight
   never carries credentials, so it is answered without them.
@@ -92,7 +92,7 @@ Forge's compressed payloads as readable JSON. `forge dev` starts one for you.
 
 Point the Web UI at it with `temporal server start-dev --ui-codec-endpoint URL`,
 TEMPORAL_CODEC_ENDPOINT for the temporalio/ui image, or the UI's "Codec Server"
-setting. The token for --auth-token-file may also come from {TOKEN_ENV}.
+setting. The token for --auth-file may also come from {TOKEN_ENV}.
 Stops on Ctrl-C or SIGTERM.
 """
 
@@ -346,7 +346,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(repeatable; * allows any)",
     )
     p.add_argument(
-        "--auth-token-file",
+        "--auth-file",
         type=Path,
         metavar="FILE",
         help=f"require this token in Authorization (default: {TOKEN_ENV}, else no auth)",
@@ -387,15 +387,15 @@ def _origin(text: str) -> str:
 def _token(args: argparse.Namespace) -> str:
     from forge.settings import SettingsError
 
-    path: Path | None = args.auth_token_file
+    path: Path | None = args.auth_file
     if path is None:
         return os.environ.get(TOKEN_ENV, "").strip()
     try:
         token = path.read_text().strip()
     except OSError as err:
-        raise SettingsError(f"--auth-token-file {path}: {err.strerror or err}") from None
+        raise SettingsError(f"--auth-file {path}: {err.strerror or err}") from None
     if not token:
-        raise SettingsError(f"--auth-token-file {path} is empty")
+        raise SettingsError(f"--auth-file {path} is empty")
     return token
 
 

@@ -267,7 +267,7 @@ def _start(argv: list[str], env: dict[str, str] | None = None) -> tuple[subproce
 def test_the_command_serves_until_sigterm_with_a_token_from_a_file(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("from-a-file\n")
-    proc, url = _start(["--port", "0", "--auth-token-file", str(token), "--allow-origin", UI])
+    proc, url = _start(["--port", "0", "--auth-file", str(token), "--allow-origin", UI])
     try:
         body = as_json(forge_encode(status_view(nodes=10)))
         assert request(f"{url}/decode", body)[0] == 401
@@ -319,7 +319,7 @@ def test_a_port_in_use_is_one_line_and_exit_1() -> None:
         (["--port", "http"], "--port"),
         (["--allow-origin", "localhost:8233"], "--allow-origin"),
         (["--allow-origin", "http://localhost:8233/namespaces"], "--allow-origin"),
-        (["--auth-token-file", "/nonexistent/token"], "--auth-token-file"),
+        (["--auth-file", "/nonexistent/token"], "--auth-file"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(argv: list[str], names: str, tmp_path: Path) -> None:
@@ -334,7 +334,7 @@ def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "token"
     empty.write_text("  \n")
     proc = subprocess.run(
-        [FORGE, "codec-server", "--auth-token-file", str(empty)],
+        [FORGE, "codec-server", "--auth-file", str(empty)],
         capture_output=True,
         text=True,
         timeout=30,

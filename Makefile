@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench bench-e2e histories mutations clean
+.PHONY: run demo test lint typecheck unit bench bench-e2e histories mutations clean codec-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/forge dev --demo
+
+# `make run` already starts one; this is for a Temporal server Forge did not start.
+codec-server: $(STAMP)
+	$(BIN)/forge codec-server --allow-origin http://localhost:8233 --allow-origin http://localhost:8080
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -31,6 +35,7 @@ unit: $(STAMP)
 test: $(STAMP) lint typecheck
 	bash scripts/ensure-tools.sh
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest -q -ra
 
 bench: $(STAMP)

@@ -358,6 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_arguments(p)
     p.set_defaults(handler=dev.run)
+
+    from forge import codec_server
+
+    p = sub.add_parser(
+        "codec-server",
+        help="serve Temporal's codec protocol so the Web UI and CLI read Forge's payloads",
+        description=codec_server.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    codec_server.add_arguments(p)
+    p.set_defaults(handler=codec_server.run)
     return parser
 
 

@@ -26,6 +26,14 @@ MIN_SIZE = 512
 
 
 class ZlibCodec(PayloadCodec):
+    """``max_decoded`` caps what one payload may inflate to. The worker leaves it
+    unset (it only reads what it wrote itself); the codec server sets it, because it
+    inflates whatever an HTTP client sends, and a few KiB of zlib can expand to
+    gigabytes."""
+
+    def __init__(self, max_decoded: int | None = None) -> None:
+        self.max_decoded = max_decoded
+
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         out = []
         for p in payloads:
@@ -47,9 +55,21 @@ class ZlibCodec(PayloadCodec):
                 out.append(p)
                 continue
             inner = Payload()
-            inner.ParseFromString(zlib.decompress(p.data))
+            inner.ParseFromString(self._inflate(p.data))
             out.append(inner)
         return out
+
+    def _inflate(self, data: bytes) -> bytes:
+        if self.max_decoded is None:
+            return zlib.decompress(data)
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(data, self.max_decoded + 1)
+        if len(raw) > self.max_decoded or inflater.unconsumed_tail:
+            limit = f"{self.max_decoded:,}"
+            raise ValueError(f"a {ENCODING.decode()} payload inflates past {limit} bytes")
+        if not inflater.eof:
+            raise zlib.error("truncated zlib stream")
+        return raw
 
 
 def data_converter() -> DataConverter:

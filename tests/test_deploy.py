@@ -28,7 +28,7 @@ def _ports(service: str) -> dict[int, int]:
 
 
 def test_the_production_layout_has_every_service() -> None:
-    assert {"postgresql", "temporal", "temporal-ui", "prometheus"} <= set(SERVICES)
+    assert {"postgresql", "temporal", "temporal-ui", "codec", "prometheus"} <= set(SERVICES)
     assert len(WORKERS) == 2
 
 
@@ -82,3 +82,21 @@ def test_dockerfile_copies_files_that_exist_and_runs_the_worker() -> None:
                 assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
     assert 'CMD ["python", "-m", "worker"]' in text
     assert SERVICES[WORKERS[0]]["build"] == "."
+
+
+def test_the_ui_decodes_through_the_codec_server_the_browser_can_reach() -> None:
+    """The browser, not the UI server, calls TEMPORAL_CODEC_ENDPOINT: it must be the
+    host's published port, and the codec server must admit the UI's origin."""
+    from forge.cli import build_parser
+
+    ui = SERVICES["temporal-ui"]
+    endpoint = urlparse(ui["environment"]["TEMPORAL_CODEC_ENDPOINT"])
+    assert endpoint.hostname == "localhost"
+    codec = SERVICES["codec"]
+    assert _ports("codec")[8081] == endpoint.port
+    assert all(str(p).startswith("127.0.0.1:") for p in codec["ports"])  # loopback only
+    assert "codec" in ui["depends_on"]
+    args = build_parser().parse_args(codec["command"][1:])  # what the container runs
+    assert args.port == 8081 and args.host == "0.0.0.0"
+    assert f"http://localhost:{_ports('temporal-ui')[8080]}" in args.allow_origin
+    assert codec["image"] == SERVICES[WORKERS[0]]["image"]  # the image has `forge`

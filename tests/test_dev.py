@@ -18,7 +18,7 @@ from typing import IO
 
 import pytest
 
-from forge.dev import port_in_use
+from forge.dev import DevError, DevOptions, _codec_port, port_in_use
 from forge.loaders import load_jobs, load_nodes
 from forge.reconcile import ReconcileOptions, reconcile
 
@@ -100,11 +100,17 @@ def test_dev_demo_once_places_the_examples_and_cleans_up(tmp_path: Path) -> None
         assert "demo: converged: every replica is bound" in out
     assert f"http://localhost:{ui_port}/namespaces/default/workflows/forge-cluster-default" in out
     assert f"export FORGE_TEMPORAL_ADDRESS=localhost:{port}" in out
+    codec = re.search(r"codec: +http://127\.0\.0\.1:(\d+) ", out)
+    assert codec, out
+    codec_port = int(codec.group(1))
+    assert f"--codec-endpoint http://127.0.0.1:{codec_port}" in out
 
     assert (data / "temporal.db").is_file()
     assert (data / "forge.db").is_file()
     # everything was stopped: both ports are free again
     assert not port_in_use(port) and not port_in_use(ui_port)
+    assert not port_in_use(codec_port)
+    assert (data / "codec.log").is_file()
     print(f"forge dev --demo --once took {elapsed:.1f} s")
 
 
@@ -157,3 +163,31 @@ def test_dev_stops_everything_on_sigterm(tmp_path: Path) -> None:
     assert "stopping the worker and the server" in rest
     assert not port_in_use(port) and not port_in_use(ui_port)
     assert (data / "worker.log").is_file()
+
+
+def _opts(tmp_path: Path, codec_port: int | None) -> DevOptions:
+    ui = free_port()
+    return DevOptions(
+        port=free_port(), ui_port=ui, codec_port=codec_port, data_dir=tmp_path,
+        cluster="default", task_queue="forge", demo=False, once=True, startup_timeout=5.0,
+    )  # fmt: skip
+
+
+def test_the_codec_server_takes_the_port_after_the_ui_or_any_free_one(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, None)
+    if not port_in_use(opts.ui_port + 1):
+        assert _codec_port(opts) == opts.ui_port + 1
+    with socket.socket() as busy:  # the preferred port is taken: another, free one
+        busy.bind(("127.0.0.1", opts.ui_port + 1))
+        busy.listen()
+        chosen = _codec_port(opts)
+        assert chosen != opts.ui_port + 1 and not port_in_use(chosen)
+
+
+def test_an_explicit_codec_port_in_use_is_refused(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(DevError, match=f"port {port} is already in use.*--codec-port"):
+            _codec_port(_opts(tmp_path, port))

@@ -159,6 +159,8 @@ class Checkpoint(_Msg):
     reports_seq: int = 0
     last_resync: float = 0.0
     runs: int = 0
+    signals_dropped: int = 0
+    last_dropped: str = ""
 
 
 class ClusterInput(_Msg):

@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -686,10 +687,12 @@ async def test_raw_bad_specs_are_refused_by_the_workflow_with_nothing_written(
         with pytest.raises(WorkflowUpdateFailedError) as raised:
             await handle.execute_update(c.UPDATE_SUBMIT_JOB, {"job": bad.doc, "wait": False})
         text = failure_text(raised.value)
-        assert "Failed decoding arguments" in text, text
+        # the validator answers a plain client with the field errors, non-retryable
+        cause = raised.value.cause
+        assert isinstance(cause, ApplicationError) and cause.non_retryable, text
+        assert cause.type == "InvalidInput", text
+        assert text.splitlines()[1].startswith("SubmitJob: "), text
         assert _update_path(bad) in text, (bad.kind, text)
-        # the same with forge.client's message (no client of another version sends
-        # such a spec; this is what it would see)
     await assert_untouched(fc, store, before)
     assert (await fc.status()).summary.bound == 1
 

@@ -50,6 +50,7 @@ class Dev:
     ui: str
     codec: str
     out: list[str]
+    data: Path
 
     def temporal(self, *args: str, codec: bool = True, check: bool = True) -> str:
         argv = [str(BIN / "temporal"), *args, "--address", self.address]
@@ -109,6 +110,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
             ui=f"http://localhost:{ui_port}",
             codec=f"http://127.0.0.1:{codec_port}",
             out=seen,
+            data=data,
         )
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -198,7 +200,8 @@ def test_readme_documents_every_signal_and_update_with_a_command_the_script_runs
 
 
 def test_the_forge_cli_drives_the_same_cluster(dev: Dev) -> None:
-    env = {**_env(), "FORGE_TEMPORAL_ADDRESS": dev.address}
+    # the worker's store: status reads what the loop publishes there
+    env = {**_env(), "FORGE_TEMPORAL_ADDRESS": dev.address, "FORGE_DATA_DIR": str(dev.data)}
     forge = str(BIN / "forge")
     for argv in (
         [forge, "node", "add", "--file", "examples/nodes.yaml"],

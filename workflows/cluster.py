@@ -26,11 +26,12 @@ import contextlib
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -70,6 +71,10 @@ PATCH_WORK_BUDGET = "work-budget-1"
 #: Each pass that changes something publishes a status to the store (with its delta)
 #: and a summary memo, for readers that must not query.
 PATCH_PUBLISH = "publish-status-1"
+#: A dropped signal (bad payload, unknown name) is counted and published by a pass.
+PATCH_DROPPED_SIGNALS = "dropped-signals-1"
+#: ApplicationError type of an update refused for its input (never retried).
+INVALID_INPUT = "InvalidInput"
 
 PENDING_SHOWN = views.PENDING_SHOWN  # pending replicas a status lists (the rest are counted)
 #: ApplicationError type of an update refused while the run is due to continue as
@@ -128,6 +133,8 @@ class ClusterWorkflow:
         self.replay_cost = 0
         self.longest_plan = 0.0  # seconds; a metric only
         self.published = ""  # the last status published (without per-pass fields)
+        self.signals_dropped = cp.signals_dropped if cp else 0
+        self.last_dropped = cp.last_dropped if cp else ""
         self.state_sum = 0  # forge.stores.base.binding_hash summed over self.bindings
         self.updates = 0  # accepted in this run
         self.queued_bytes = 0  # job JSON queued by handlers since the queue was empty
@@ -568,6 +575,8 @@ class ClusterWorkflow:
             reports_seq=self.reports_seq,
             last_resync=self.last_resync,
             runs=self.runs,
+            signals_dropped=self.signals_dropped,
+            last_dropped=self.last_dropped,
         )
 
     def _next_wake(self, now: float) -> tuple[float | None, str]:
@@ -605,25 +614,52 @@ class ClusterWorkflow:
     # retrying it for ever.
     @workflow.signal(name=c.SIGNAL_REGISTER_NODE)
     def register_node(self, *args: Any) -> None:
-        req = _signal_payload(c.SIGNAL_REGISTER_NODE, c.RegisterNodes, args)
+        req = self._signal(c.SIGNAL_REGISTER_NODE, c.RegisterNodes, args)
         for node in req.nodes if req is not None else ():
             self.inbox.append(("register", node))
 
     @workflow.signal(name=c.SIGNAL_REMOVE_NODE)
     def remove_node(self, *args: Any) -> None:
-        req = _signal_payload(c.SIGNAL_REMOVE_NODE, c.NodeRef, args)
+        req = self._signal(c.SIGNAL_REMOVE_NODE, c.NodeRef, args)
         if req is not None:
             self.inbox.append(("remove", req.node_id))
 
     @workflow.signal(name=c.SIGNAL_NODE_LOST)
     def node_lost(self, *args: Any) -> None:
-        req = _signal_payload(c.SIGNAL_NODE_LOST, c.NodeRef, args)
+        req = self._signal(c.SIGNAL_NODE_LOST, c.NodeRef, args)
         if req is not None:
             self.inbox.append(("lost", req.node_id))
 
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """A signal no handler knows (a misspelt name): recorded, never raised."""
+        self._dropped(name, "unknown signal (known: register_node, remove_node, node_lost)")
+
+    def _signal(self, name: str, model: type[_Payload], args: tuple[Any, ...]) -> _Payload | None:
+        parsed = _parse(model, args)
+        if isinstance(parsed, str):
+            self._dropped(name, parsed)
+            return None
+        return parsed
+
+    def _dropped(self, name: str, problem: str) -> None:
+        """A signal could not be used: the sender cannot be told (signals are not
+        answered), so it is logged, counted and shown (details, status) instead."""
+        workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
+        if not workflow.patched(PATCH_DROPPED_SIGNALS):
+            return
+        line = f"{name}: {problem}"[:300]
+        self.signals_dropped += 1
+        self.last_dropped = line
+        workflow.metric_meter().create_counter(
+            "forge_signals_dropped_total", "signals dropped: unknown name or bad payload"
+        ).add(1, {"signal": name[:64]})
+        self.dirty = True  # the next pass publishes it
+
     # -- updates ------------------------------------------------------------------------
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
-    async def submit_job(self, req: c.SubmitJob) -> c.JobResult:
+    async def submit_job(self, raw: Any) -> c.JobResult:
+        req = _update_arg(c.SubmitJob, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         await self._reserve(_json_size(req.job))
@@ -631,15 +667,16 @@ class ClusterWorkflow:
         return await self._settle(req.job.id, ticket, wait=req.wait)
 
     @submit_job.validator
-    def _validate_submit(self, req: c.SubmitJob) -> None:
-        # The payload already passed the models' validation (a bad spec never gets
-        # here). Jobs may arrive before any node: they wait, pending, with reasons.
+    def _validate_submit(self, raw: Any) -> None:
+        req = _update_arg(c.SubmitJob, raw)
+        # Jobs may arrive before any node: they wait, pending, with reasons.
         self._refuse_if_busy()
         if not req.job.groups:
-            raise ValueError("job has no groups")
+            raise _refuse("job has no groups")
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
-    async def submit_jobs(self, req: c.SubmitJobs) -> list[c.JobResult]:
+    async def submit_jobs(self, raw: Any) -> list[c.JobResult]:
+        req = _update_arg(c.SubmitJobs, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         await self._reserve(sum(_json_size(j) for j in req.jobs))
@@ -651,59 +688,69 @@ class ClusterWorkflow:
         ]
 
     @submit_jobs.validator
-    def _validate_submit_jobs(self, req: c.SubmitJobs) -> None:
+    def _validate_submit_jobs(self, raw: Any) -> None:
+        req = _update_arg(c.SubmitJobs, raw)
         self._refuse_if_busy()
         size = sum(_json_size(j) for j in req.jobs)
         if size > MAX_BATCH_BYTES:
-            raise ValueError(
+            raise _refuse(
                 f"{len(req.jobs)} jobs of {size / 1024:,.0f} KiB as JSON in one update; the "
                 f"limit is {MAX_BATCH_BYTES // 1024} KiB: send them in smaller batches"
             )
         ids = [j.id for j in req.jobs]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
-            raise ValueError(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
+            raise _refuse(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
 
     @workflow.update(name=c.UPDATE_SCALE)
-    async def scale(self, req: c.ScaleGroup) -> c.JobResult:
+    async def scale(self, raw: Any) -> c.JobResult:
+        req = _update_arg(c.ScaleGroup, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         current = self._current_job(req.job_id)
         await self._reserve(_json_size(current) if current is not None else 0)
         job = self._current_job(req.job_id)  # again: it may have changed meanwhile
         if job is None or job.group(req.group) is None:
-            raise ApplicationError(f"no group {req.job_id}/{req.group}", type="InvalidInput")
+            raise ApplicationError(
+                f"no group {req.job_id}/{req.group}", type=INVALID_INPUT, non_retryable=True
+            )
         ticket = self._queue_job(req.job_id, job.with_desired(req.group, req.count))
         return await self._settle(req.job_id, ticket, wait=True)
 
     @scale.validator
-    def _validate_scale(self, req: c.ScaleGroup) -> None:
+    def _validate_scale(self, raw: Any) -> None:
+        req = _update_arg(c.ScaleGroup, raw)
         self._refuse_if_busy()
         if not self.ready:
             return  # checked again by the handler once the state is loaded
         job = self._current_job(req.job_id)
         if job is None:
-            raise ValueError(f"unknown job {req.job_id!r}")
+            raise _refuse(f"unknown job {req.job_id!r}")
         if job.group(req.group) is None:
-            raise ValueError(f"job {req.job_id!r} has no group {req.group!r}")
+            raise _refuse(f"job {req.job_id!r} has no group {req.group!r}")
 
     @workflow.update(name=c.UPDATE_STOP_JOB)
-    async def stop_job(self, req: c.StopJob) -> c.JobResult:
+    async def stop_job(self, raw: Any) -> c.JobResult:
+        req = _update_arg(c.StopJob, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         if self._current_job(req.job_id) is None:
-            raise ApplicationError(f"unknown job {req.job_id!r}", type="InvalidInput")
+            raise ApplicationError(
+                f"unknown job {req.job_id!r}", type=INVALID_INPUT, non_retryable=True
+            )
         ticket = self._queue_job(req.job_id, None)
         return await self._settle(req.job_id, ticket, wait=True)
 
     @stop_job.validator
-    def _validate_stop(self, req: c.StopJob) -> None:
+    def _validate_stop(self, raw: Any) -> None:
+        req = _update_arg(c.StopJob, raw)
         self._refuse_if_busy()
         if self.ready and self._current_job(req.job_id) is None:
-            raise ValueError(f"unknown job {req.job_id!r}")
+            raise _refuse(f"unknown job {req.job_id!r}")
 
     @workflow.update(name=c.UPDATE_DRAIN_NODE)
-    async def drain_node(self, req: c.DrainNode) -> int:
+    async def drain_node(self, raw: Any) -> int:
+        req = _update_arg(c.DrainNode, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         moving = sum(1 for b in self.bindings.values() if b.node == req.node_id)
@@ -713,18 +760,20 @@ class ClusterWorkflow:
         return moving
 
     @drain_node.validator
-    def _validate_drain(self, req: c.DrainNode) -> None:
+    def _validate_drain(self, raw: Any) -> None:
+        req = _update_arg(c.DrainNode, raw)
         self._refuse_if_busy()
         if not self.ready:
             return
         node = self.nodes.get(req.node_id)
         if node is None:
-            raise ValueError(f"unknown node {req.node_id!r}")
+            raise _refuse(f"unknown node {req.node_id!r}")
         if node.state is NodeState.LOST:
-            raise ValueError(f"node {req.node_id!r} is lost; nothing to drain")
+            raise _refuse(f"node {req.node_id!r} is lost; nothing to drain")
 
     @workflow.update(name=c.UPDATE_REPORT_FAILED)
-    async def report_failed(self, req: c.ReportFailed) -> c.ReportFailedResult:
+    async def report_failed(self, raw: Any) -> c.ReportFailedResult:
+        req = _update_arg(c.ReportFailed, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         accepted = 0
@@ -741,14 +790,15 @@ class ClusterWorkflow:
         return c.ReportFailedResult(accepted=accepted)
 
     @report_failed.validator
-    def _validate_report(self, req: c.ReportFailed) -> None:
+    def _validate_report(self, raw: Any) -> None:
+        req = _update_arg(c.ReportFailed, raw)
         self._refuse_if_busy()
         if not self.ready:
             return
         unknown = [w for w in req.workload_ids if w not in self.bindings]
         if unknown:
             shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-            raise ValueError(f"not bound: {shown}")
+            raise _refuse(f"not bound: {shown}")
 
     def _refuse_if_busy(self) -> None:
         """Refuse new updates while this run is due to continue as new.
@@ -829,7 +879,8 @@ class ClusterWorkflow:
         )
 
     @workflow.query(name=c.QUERY_ASSIGNMENTS)
-    def assignments(self, q: c.AssignmentsQuery) -> c.AssignmentsPage:
+    def assignments(self, q: c.AssignmentsQuery | None = None) -> c.AssignmentsPage:
+        q = q or c.AssignmentsQuery()  # the Web UI runs a query without an argument
         ids = sorted(
             w
             for w, b in self.bindings.items()
@@ -862,6 +913,11 @@ class ClusterWorkflow:
         )
 
     # -- presentation -------------------------------------------------------------------
+    def _notices(self) -> list[str]:
+        if not self.signals_dropped:
+            return []
+        return [f"{self.signals_dropped} signal(s) dropped; last: {self.last_dropped}"]
+
     def _state_after(self, plan: Plan) -> int:
         """The bindings hash after ``plan``, from its changes alone."""
         total = self.state_sum
@@ -889,6 +945,7 @@ class ClusterWorkflow:
             summary,
             plan.pending,
             deferred=plan.deferred,
+            notices=self._notices(),
             state_digest=f"{self._state_after(plan):016x}",
         )
         full = summary.model_copy(
@@ -927,6 +984,7 @@ class ClusterWorkflow:
             f"pending: {len(self.pending) + self.deferred}",
             f"- last pass: {self.last_pass}",
         ]
+        lines.extend(f"- **{n}**" for n in self._notices())
         if reasons:
             lines.append("- pending because:")
             lines.extend(f"  - {n} x {r}" for r, n in reasons.most_common(5))
@@ -994,23 +1052,34 @@ class ClusterWorkflow:
 _Payload = TypeVar("_Payload", bound=pydantic.BaseModel)
 
 
-def _signal_payload(name: str, model: type[_Payload], args: tuple[Any, ...]) -> _Payload | None:
-    """The one argument of a signal as ``model`` (validated in JSON mode, as a typed
-    handler would), or None, logged, when it is not one."""
-    problem = f"expected one argument, got {len(args)}"
-    if len(args) == 1:
-        try:
-            return model.model_validate_json(json.dumps(args[0]))
-        except pydantic.ValidationError as err:
-            shown = [
-                f"{'.'.join(map(str, e['loc'])) or '(payload)'}: {e['msg']}"
-                for e in err.errors()[:3]
-            ]
-            problem = f"{err.error_count()} problem(s): " + "; ".join(shown)
-        except (TypeError, ValueError) as err:  # not JSON data at all
-            problem = f"not a {model.__name__}: {type(err).__name__}"
-    workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
-    return None
+def _parse(model: type[_Payload], args: tuple[Any, ...]) -> _Payload | str:
+    """The one argument of a signal or update as ``model`` (validated in JSON mode,
+    as a typed handler would), or what is wrong with it, field errors first."""
+    if len(args) != 1:
+        return f"expected one argument, got {len(args)}"
+    try:
+        return model.model_validate_json(json.dumps(args[0]))
+    except pydantic.ValidationError as err:
+        shown = [
+            f"{'.'.join(map(str, e['loc'])) or '(payload)'}: {e['msg']}" for e in err.errors()[:3]
+        ]
+        more = f" (+{err.error_count() - 3} more)" if err.error_count() > 3 else ""
+        return "; ".join(shown) + more
+    except (TypeError, ValueError) as err:  # not JSON data at all
+        return f"not a {model.__name__}: {type(err).__name__}"
+
+
+def _update_arg(model: type[_Payload], raw: Any) -> _Payload:
+    """An update's argument, or a refusal a plain client can act on: non-retryable,
+    naming the fields (raised in a validator, nothing enters history)."""
+    parsed = _parse(model, (raw,))
+    if isinstance(parsed, str):
+        raise _refuse(f"{model.__name__}: {parsed}")
+    return parsed
+
+
+def _refuse(message: str) -> ApplicationError:
+    return ApplicationError(message[:1000], type=INVALID_INPUT, non_retryable=True)
 
 
 def _hash(b: Binding) -> int:

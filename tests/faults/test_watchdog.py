@@ -1,0 +1,155 @@
+"""The watchdog: a run whose workflow task fails with nondeterminism is reset by
+the workers themselves, and the cluster converges with nothing lost.
+
+The nondeterminism is planted as a real determinism bug would be: a worker whose
+workflow code creates a timer only when it is not replaying. The runs it serves
+record a command that no replay produces, so once a worker without its cache takes
+the run over, every workflow task fails. The production watchdog
+(``forge.watchdog.watch``, what ``worker.py`` runs) must notice it from
+``describe()`` and the failure's cause, reset the run to its first workflow task,
+and the loop must carry on from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.store_activities import StoreActivities
+from forge import contract as c
+from forge import watchdog
+from forge.client import ForgeClient
+from forge.stores import MemoryStore, Store
+from tests.e2e.procs import assert_store_is_the_workflows, eventually
+from tests.workflow.harness import default_options, job, node
+from workflows.cluster import ClusterWorkflow
+
+pytestmark = pytest.mark.slow
+
+
+@workflow.defn(name=c.WORKFLOW_TYPE, sandboxed=False)
+class TimerOnlyWhenLive(ClusterWorkflow):
+    """A determinism bug: the second pass sleeps, but only when run live."""
+
+    @workflow.init
+    def __init__(self, inp: c.ClusterInput) -> None:
+        super().__init__(inp)
+
+    @workflow.run
+    async def run(self, inp: c.ClusterInput) -> None:
+        await super().run(inp)
+
+    async def _pass(self) -> None:
+        if self.passes == 1 and not workflow.unsafe.is_replaying():
+            await workflow.sleep(0.01)
+        await super()._pass()
+
+
+@asynccontextmanager
+async def _worker(
+    client: Client, queue: str, store: Store, workflow_cls: type[Any]
+) -> AsyncIterator[None]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[workflow_cls],
+            activities=StoreActivities(store).all(),
+            activity_executor=pool,
+            graceful_shutdown_timeout=timedelta(seconds=1),
+        ):
+            yield
+
+
+async def _task_failures(client: Client, workflow_id: str, run_id: str | None) -> int:
+    """Workflow task failures in the run, the reset's own (which ends the old
+    task) excepted."""
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    failed = 0
+    async for ev in handle.fetch_history_events():
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            cause = ev.workflow_task_failed_event_attributes.cause
+            failed += cause != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW
+    return failed
+
+
+async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converges(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    client = dev_env.client
+    queue = f"wd-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore()
+    fc = ForgeClient(
+        client, cluster=f"wd{uuid.uuid4().hex[:6]}", task_queue=queue,
+        options=default_options(), store=store, search_attributes=False,
+    )  # fmt: skip
+    # 1. the buggy worker serves the run: the live-only timer enters its history
+    async with _worker(client, queue, store, TimerOnlyWhenLive):
+        await fc.register_nodes([node("a"), node("b")])
+        await fc.submit_job(job("web", replicas=4, cpu=1000))
+        first_run = (await fc.handle().describe()).run_id
+        assert first_run is not None
+        timers = [
+            ev
+            async for ev in fc.handle().fetch_history_events()
+            if ev.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        ]
+        assert timers, "the planted bug recorded no timer"
+
+    # 2. a correct worker takes over: its replay disagrees, every task fails
+    async with _worker(client, queue, store, ClusterWorkflow):
+        await fc.register_nodes([node("c")])  # a new task: replayed from scratch
+        stuck = await eventually(
+            lambda: watchdog.diagnose(client, fc.workflow_id),
+            lambda s: s is not None,
+            timeout=60,
+            what="the run stuck on its failing workflow task",
+        )
+        assert stuck is not None and stuck.cause == "nondeterminism", stuck
+        assert stuck.run_id == first_run and stuck.reset_to is not None
+        status = await fc.status()
+        assert any("stuck since" in n and "nondeterminism" in n for n in status.notices)
+
+        # 3. the watchdog (as worker.py runs it) resets the run; the loop converges
+        stop = asyncio.Event()
+        guard = asyncio.create_task(watchdog.watch(client, queue, period=0.2, stop=stop))
+        try:
+            new_run = await eventually(
+                lambda: _run_id(fc),
+                lambda r: r != first_run,
+                timeout=60,
+                what="the watchdog's reset",
+            )
+            status = await eventually(
+                fc.status,
+                lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
+                timeout=60,
+                what="convergence after the reset (the signal reapplied)",
+            )
+        finally:
+            stop.set()
+            await guard
+        assert status.summary.pending == 0
+        assert_store_is_the_workflows(store, fc.cluster)
+        started = time.monotonic()
+        await fc.submit_job(job("db", replicas=1, cpu=500))  # the loop is alive
+        assert time.monotonic() - started < 30
+        assert await _task_failures(client, fc.workflow_id, new_run) == 0
+        await fc.handle().terminate("test finished")
+
+
+async def _run_id(fc: ForgeClient) -> str | None:
+    return (await fc.handle().describe()).run_id

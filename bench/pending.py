@@ -93,9 +93,7 @@ def pending_heavy(
     devices = sum(len(n.gpus) for n in node_list)
     asked = sum(groups[s].request().gpu for s in range(impossible, impossible + gpu_shapes))
     mean_gpu = asked / gpu_shapes
-    gpu_share = min(
-        0.3, 0.85 * devices / max(1.0, pods * replicas * (1 - unplaceable) * mean_gpu)
-    )
+    gpu_share = min(0.3, 0.85 * devices / max(1.0, pods * replicas * (1 - unplaceable) * mean_gpu))
     jobs = []
     bad = 0
     for i in range(pods):

@@ -35,14 +35,17 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from bench.pending import pending_heavy
 from forge import contract as c
 from forge.client import ForgeClient, ensure_search_attributes
 from forge.codec import data_converter
 from forge.invariants import violations
 from forge.models import Job, Node
 from forge.stores import SqliteStore
+from forge.stores.base import state_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -56,6 +59,7 @@ TARGETS = {
     "node loss": "<= 1 s",
     "crash recovery": "<= 5 s",
     "idle": "<= 100 events/h",
+    "pending": "0 failed tasks, longest < 1 s",
 }
 
 
@@ -240,6 +244,9 @@ class HistoryStats:
     events: list[int] = field(default_factory=list)
     bytes: list[int] = field(default_factory=list)
     largest_payload: int = 0
+    task_failures: int = 0  # WorkflowTaskFailed events (must be 0)
+    longest_task: float = 0.0  # seconds from a workflow task's start to its completion
+    tasks: int = 0
 
 
 async def history_stats(client: Client, workflow_id: str) -> HistoryStats:
@@ -250,9 +257,20 @@ async def history_stats(client: Client, workflow_id: str) -> HistoryStats:
         stats.runs += 1
         stats.events.append(len(hist.events))
         stats.bytes.append(sum(e.ByteSize() for e in hist.events))
+        started: dict[int, float] = {}
         for e in hist.events:
             for p in _payloads(e):
                 stats.largest_payload = max(stats.largest_payload, p.ByteSize())
+            t = e.event_time.seconds + e.event_time.nanos / 1e9
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                started[e.event_id] = t
+            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                begun = started.get(e.workflow_task_completed_event_attributes.started_event_id)
+                if begun is not None:
+                    stats.tasks += 1
+                    stats.longest_task = max(stats.longest_task, t - begun)
+            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                stats.task_failures += 1
         first = hist.events[0].workflow_execution_started_event_attributes
         run_id = first.continued_execution_run_id or None
     return stats
@@ -267,14 +285,14 @@ async def history_length(client: Client, workflow_id: str) -> tuple[str, int]:
 
 
 async def check_invariants(fc: ForgeClient, store: SqliteStore, expect_bound: int) -> None:
-    shown = await fc.assignments(page=10_000)
     stored = store.assignments(fc.cluster, limit=10_000_000)
     problems = violations(store.nodes(fc.cluster, limit=1_000_000), stored)
-    ids = [a.workload_id for a in shown]
+    ids = [a.workload_id for a in stored]
     if len(ids) != len(set(ids)):
-        problems.append("the workflow reports a replica bound twice")
-    if {a.workload_id: a.node for a in shown} != {a.workload_id: a.node for a in stored}:
-        problems.append("store != workflow state")
+        problems.append("the store lists a replica twice")
+    doc = await fc.published()
+    if doc is None or doc.state_digest != state_digest(stored):
+        problems.append("store != workflow state (the published bindings hash differs)")
     if len(stored) != expect_bound:
         problems.append(f"{len(stored)} bindings stored, expected {expect_bound}")
     if problems:
@@ -299,9 +317,11 @@ class Env:
         return w
 
 
-def cluster_client(env: Env, name: str, queue: str, **opts: Any) -> ForgeClient:
+def cluster_client(env: Env, name: str, queue: str, db: Path, **opts: Any) -> ForgeClient:
+    """A client that reads what the loop publishes to the worker's store (no queries)."""
     return ForgeClient(env.client, cluster=name, task_queue=queue,
-                       options=c.ClusterOptions.model_validate(opts))  # fmt: skip
+                       options=c.ClusterOptions.model_validate(opts),
+                       store=SqliteStore(db))  # fmt: skip
 
 
 async def submit_all(fc: ForgeClient, jobs: list[Job]) -> None:
@@ -320,9 +340,18 @@ def stored_count(db: Path, cluster: str, node: str | None = None) -> int:
         return int(q.fetchone()[0])
 
 
+async def summary(fc: ForgeClient) -> c.Summary:
+    """What the last pass published (one row: cheap to poll at 300,000 replicas)."""
+    doc = await fc.published()
+    return doc.summary if doc is not None else c.Summary(
+        desired=0, bound=0, pending=0, nodes=0, jobs=0, passes=0, generation=0,
+        last_pass_at=None, last_pass="",
+    )  # fmt: skip
+
+
 async def converged(fc: ForgeClient, db: Path, n: int) -> bool:
-    s = await fc.status()
-    if s.summary.bound != n or s.summary.pending != 0:
+    s = await summary(fc)
+    if s.bound != n or s.pending != 0:
         return False
     return stored_count(db, fc.cluster) == n
 
@@ -331,10 +360,10 @@ async def cold_start(env: Env, nodes: int, replicas: int, jobs: int) -> dict[str
     name = f"cold-{nodes}-{replicas}"
     db = env.work / f"{name}.db"
     env.worker(name, db)
-    fc = cluster_client(env, name, name)
+    fc = cluster_client(env, name, name, db)
     store = SqliteStore(db)
     await fc.register_nodes(make_nodes(nodes))
-    await poll(fc.status, lambda s: s.summary.nodes == nodes, limit=120, every=0.2)
+    await poll(lambda: summary(fc), lambda s: s.nodes == nodes, limit=120, every=0.2)
     work = make_jobs(replicas, jobs)
     t0 = time.perf_counter()
     await submit_all(fc, work)
@@ -349,11 +378,56 @@ async def cold_start(env: Env, nodes: int, replicas: int, jobs: int) -> dict[str
     }  # fmt: skip
 
 
+async def pending_run(
+    env: Env, nodes: int, pods: int, shapes: int, replicas: int
+) -> dict[str, Any]:
+    """The shape that once deadlocked the loop: many request shapes, mixed CPU/GPU
+    nodes, ~10% of the pods wanting more GPUs than any node has (pending for good)."""
+    total = pods * replicas
+    name = f"pending-{nodes}-{total}"
+    db = env.work / f"{name}.db"
+    env.worker(name, db)
+    fc = cluster_client(env, name, name, db)
+    store = SqliteStore(db)
+    w = pending_heavy(nodes, pods, shapes=shapes, replicas=replicas)
+    await fc.register_nodes(w.nodes)
+    await poll(lambda: summary(fc), lambda s: s.nodes == nodes, limit=300, every=0.5)
+    t0 = time.perf_counter()
+    await submit_all(fc, w.jobs)
+    submitted = time.perf_counter() - t0
+
+    async def tried_all() -> tuple[int, int] | None:
+        doc = await fc.published()
+        if doc is None or doc.summary.desired != total or doc.deferred:
+            return None
+        return doc.summary.bound, doc.summary.pending
+
+    # converged: every replica tried (nothing deferred), the bound count steady
+    last = await poll(tried_all, lambda r: r is not None, limit=1200, every=0.5)
+    seconds = time.perf_counter() - t0
+    while True:
+        await asyncio.sleep(2.0)  # a steadiness check, not synchronisation
+        now = await tried_all()
+        if now == last:
+            break
+        last = now
+    assert last is not None
+    bound, pending = last
+    await check_invariants(fc, store, bound)
+    hist = await history_stats(env.client, fc.workflow_id)
+    store.close()
+    return {
+        "name": name, "nodes": nodes, "replicas": total, "shapes": shapes,
+        "unplaceable": w.unplaceable * replicas, "bound": bound, "pending": pending,
+        "seconds": seconds, "submit_seconds": submitted, "history": hist,
+    }  # fmt: skip
+
+
 async def node_loss(env: Env, repeat: int) -> dict[str, Any]:
     name = "loss"
     db = env.work / "loss.db"
     env.worker(name, db)
-    fc = cluster_client(env, name, name)
+    fc = cluster_client(env, name, name, db)
     store = SqliteStore(db)
     n_nodes, n_rep = 1000, 10_000
     await fc.register_nodes(make_nodes(n_nodes))
@@ -373,8 +447,8 @@ async def node_loss(env: Env, repeat: int) -> dict[str, Any]:
         async def done(victim: str = victim) -> bool:
             if stored_count(db, fc.cluster, victim):
                 return False
-            s = await fc.status()
-            return s.summary.bound == n_rep and s.summary.pending == 0
+            s = await summary(fc)
+            return s.bound == n_rep and s.pending == 0
 
         await poll(done, bool, limit=60, every=0.02)
         times.append((time.perf_counter() - t0, moved))
@@ -388,7 +462,7 @@ async def idle_cost(env: Env, window: float, watch_seconds: float) -> dict[str, 
     name = "idle"
     db = env.work / "idle.db"
     env.worker(name, db)
-    fc = cluster_client(env, name, name, watch_seconds=watch_seconds)
+    fc = cluster_client(env, name, name, db, watch_seconds=watch_seconds)
     store = SqliteStore(db)
     await fc.register_nodes(make_nodes(100))
     await submit_all(fc, make_jobs(1000, 100))
@@ -416,10 +490,10 @@ async def crash_recovery(env: Env, repeat: int) -> dict[str, Any]:
         name = f"crash{i}"
         db = env.work / f"{name}.db"
         first = env.worker(name, db)
-        fc = cluster_client(env, name, name)
+        fc = cluster_client(env, name, name, db)
         store = SqliteStore(db)
         await fc.register_nodes(make_nodes(1000))
-        await poll(fc.status, lambda s: s.summary.nodes == 1000, limit=120, every=0.1)
+        await poll(lambda: summary(fc), lambda s: s.nodes == 1000, limit=120, every=0.1)  # noqa: B023
         await submit_all(fc, make_jobs(10_000, 1000))
         # kill as soon as the jobs are stored: the pass that places them is running
         await poll(lambda: asyncio.sleep(0, store.revision(name)),  # noqa: B023
@@ -438,7 +512,7 @@ async def submission(env: Env, n_jobs: int) -> dict[str, Any]:
     name = "submit"
     db = env.work / "submit.db"
     env.worker(name, db)
-    fc = cluster_client(env, name, name)
+    fc = cluster_client(env, name, name, db)
     store = SqliteStore(db)
     await fc.register_nodes(make_nodes(200))
     await fc.start()
@@ -497,6 +571,17 @@ def report(results: dict[str, Any], command: str) -> str:
             largest <= 512 * 1024)  # fmt: skip
         row("largest run history", kib(worst_run), TARGETS["history per run"],
             worst_run <= 10 * 1024 * 1024)  # fmt: skip
+    for r in results.get("pending", []):
+        h = r["history"]
+        row(
+            f"pending-heavy {r['nodes']:,} nodes / {r['replicas']:,} replicas, "
+            f"{r['shapes']} shapes, {r['unplaceable']:,} unplaceable",
+            f"converged in {r['seconds']:.1f} s: {r['bound']:,} bound, {r['pending']:,} pending; "
+            f"{h.task_failures} WorkflowTaskFailed; longest workflow task "
+            f"{h.longest_task * 1000:.0f} ms of {h.tasks:,}; {h.runs} runs",
+            TARGETS["pending"],
+            h.task_failures == 0 and h.longest_task < 1.0,
+        )
     if "loss" in results:
         r = results["loss"]
         row("node-loss reaction 1000 / 10000 (median)",
@@ -537,7 +622,10 @@ def report(results: dict[str, Any], command: str) -> str:
 async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
-    ap.add_argument("--skip", default="", help="comma list: cold_large,loss,crash,idle,submit")
+    ap.add_argument(
+        "--skip", default="", help="comma list: cold_large,pending,loss,crash,idle,submit"
+    )
+    ap.add_argument("--only-pending", action="store_true", help="only the pending-heavy runs")
     ap.add_argument("--idle-window", type=float, default=120.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the raw results here")
@@ -550,12 +638,23 @@ async def main(argv: list[str] | None = None) -> int:
         client = await connect(server.address)
         await ensure_search_attributes(client, "default")
         env = Env(server, client, work)
-        if args.quick:
+        if args.only_pending:
+            skip |= {"cold_small", "cold_large", "loss", "crash", "idle", "submit"}
+        if "cold_small" in skip:
+            pass
+        elif args.quick:
             results["cold_small"] = await cold_start(env, 100, 1000, 100)
         else:
             results["cold_small"] = await cold_start(env, 1000, 10_000, 1000)
             if "cold_large" not in skip:
                 results["cold_large"] = await cold_start(env, 5000, 150_000, 1000)
+        if "pending" not in skip:
+            sizes = (
+                [(200, 2000, 30, 1)]
+                if args.quick
+                else [(5000, 50_000, 30, 1), (10_000, 30_000, 300, 10)]
+            )
+            results["pending"] = [await pending_run(env, *size) for size in sizes]
         if "loss" not in skip:
             results["loss"] = await node_loss(env, args.repeat)
         if "crash" not in skip:

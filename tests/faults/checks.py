@@ -5,7 +5,8 @@ After a fault the cluster must converge, and then:
 - every invariant holds over the store (``forge.invariants.violations``: no node
   over capacity, no GPU held twice, no replica bound twice, nothing on a lost or
   draining node, bound ⊆ desired);
-- the store equals the workflow's state (the assignments query vs the store);
+- the store equals the workflow's state (the bindings hash the loop published vs
+  the store's rows; never a query);
 - nothing submitted is lost: every job the test submitted (with its latest
   scaling) is in the store and in the workflow, and all its replicas are bound.
 """
@@ -39,13 +40,15 @@ from forge.client import ForgeClient
 from forge.invariants import violations
 from forge.models import Assignment, Job, Node, workload_id
 from forge.stores import Store
-from tests.e2e.procs import eventually
+from tests.e2e.procs import assert_store_is_the_workflows, eventually
 
 __all__ = [
+    "RunReport",
     "Settled",
     "all_assignments",
     "all_nodes",
     "desired_ids",
+    "every_run",
     "history_figures",
     "record_figures",
     "reset_run",
@@ -158,20 +161,12 @@ async def settle(
     )
     seconds = time.monotonic() - started
 
-    # the store equals the workflow's state (the last pass persisted before it
-    # committed, so this holds at once unless another pass is under way)
-    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
-        shown = await fc.assignments()
-        stored = await asyncio.to_thread(all_assignments, store, fc.cluster)
-        assert len(shown) == len({a.workload_id for a in shown}), "query lists a replica twice"
-        return (
-            {a.workload_id: (a.node, tuple(a.gpu_ids), a.status) for a in shown},
-            {a.workload_id: (a.node, tuple(a.gpu_ids), str(a.status)) for a in stored},
-        )
-
-    shown, _ = await eventually(
-        both, lambda p: p[0] == p[1], timeout=10, what="store == workflow state"
-    )
+    # the store equals the workflow's state: the bindings hash the last pass
+    # published (from the workflow's own state) matches the rows (no query: a query
+    # during a takeover can wedge replay)
+    doc = await asyncio.to_thread(assert_store_is_the_workflows, store, fc.cluster)
+    shown = {a.workload_id for a in await asyncio.to_thread(all_assignments, store, fc.cluster)}
+    assert doc.summary.bound == len(shown)
     assert set(shown) == want, (
         f"bound != desired: missing {sorted(want - set(shown))[:5]}, "
         f"extra {sorted(set(shown) - want)[:5]}"
@@ -374,3 +369,47 @@ def record_figures(test: str, figures: Mapping[str, Any]) -> None:
             data = {}
     data[test] = dict(figures)
     target.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@dataclass
+class RunReport:
+    """One run of a cluster workflow (every run: continued, reset or current)."""
+
+    run_id: str
+    failures: list[tuple[str, str]]  # (cause, message) of each workflow task failure
+    replays_offline: str | None  # None: the history replays cleanly offline; else the error
+
+
+async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunReport]:
+    """Save every run of ``workflow_id`` (the reset ones too, which a walk along the
+    continue-as-new chain misses) and replay each offline with the current code.
+
+    A run that failed on nondeterminism *online* but replays cleanly *offline* had its
+    commands changed by something outside its history: that is our bug (state kept
+    outside the workflow, a clock, a worker-local condition), not the SDK's."""
+    from temporalio.worker import Replayer
+
+    from forge.codec import data_converter
+    from workflows.cluster import ClusterWorkflow
+
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    out: list[RunReport] = []
+    async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
+        handle = client.get_workflow_handle(workflow_id, run_id=wf.run_id)
+        history = await handle.fetch_history()
+        await asyncio.to_thread(
+            (folder / f"{workflow_id}-{wf.run_id}.json").write_text, history.to_json()
+        )
+        failures = []
+        for ev in history.events:
+            if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                attrs = ev.workflow_task_failed_event_attributes
+                cause = WorkflowTaskFailedCause.Name(attrs.cause)
+                cause = cause.removeprefix("WORKFLOW_TASK_FAILED_CAUSE_").lower()
+                if cause not in BENIGN_TASK_FAILURES:
+                    failures.append((cause, attrs.failure.message[:300]))
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        error = None if result.replay_failure is None else str(result.replay_failure)[:300]
+        out.append(RunReport(run_id=wf.run_id, failures=failures, replays_offline=error))
+    return out

@@ -59,6 +59,7 @@ def spawn_worker(
         return w
 
     spawn.task_queue = queue  # type: ignore[attr-defined]
+    spawn.procs = procs  # type: ignore[attr-defined]
     yield spawn
     for w in procs:
         w.stop()

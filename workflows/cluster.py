@@ -348,7 +348,11 @@ class ClusterWorkflow:
 
     async def _persist(self, persist: ac.PersistIn, plan: Plan) -> bool:
         expected = rows_digest(
-            persist.bind, persist.release, persist.nodes_upsert, persist.nodes_remove
+            persist.bind,
+            persist.release,
+            persist.nodes_upsert,
+            persist.nodes_remove,
+            status=persist.status,
         )
         summary = (
             f"persist pass {persist.pass_no}: +{len(plan.placed)} "
@@ -1021,6 +1025,13 @@ class ClusterWorkflow:
             gauge.set(states.get(s, 0), {"state": s})
         meter.create_counter("forge_placements_total", "replicas placed").add(len(plan.placed))
         meter.create_counter("forge_releases_total", "replicas released").add(len(plan.released))
+        # every release moves or stops a running replica: by reason, so a move that
+        # nothing asked for (a restart churn bug) shows up in production
+        moved = meter.create_counter(
+            "forge_replicas_moved_total", "replicas released from their node, by reason"
+        )
+        for reason, n in sorted(Counter(r for _, r in plan.released).items()):
+            moved.add(n, {"reason": reason})
         meter.create_counter("forge_passes_total", "reconcile passes").add(1)
         meter.create_histogram_float("forge_pass_seconds", "time to plan one pass", "s").record(
             elapsed

@@ -132,7 +132,9 @@ def delta_digest(delta: Delta) -> str:
         (a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, str(a.status))
         for a in delta.bind
     ]
-    return rows_digest(rows, delta.release, delta.nodes_upsert, delta.nodes_remove)
+    return rows_digest(
+        rows, delta.release, delta.nodes_upsert, delta.nodes_remove, status=delta.status
+    )
 
 
 def rows_digest(
@@ -140,19 +142,24 @@ def rows_digest(
     release: Sequence[str],
     nodes_upsert: Sequence[Node],
     nodes_remove: Sequence[str],
+    *,
+    status: str | None = None,
 ) -> str:
     """The digest of a delta given as compact rows (what the workflow holds), so a
-    20,000-binding pass is hashed without building 20,000 models."""
-    body = json.dumps(
-        {
-            "bind": [[*r[:4], list(r[4]), *r[5:]] for r in bind],
-            "release": list(release),
-            "nodes_upsert": [n.model_dump(mode="json") for n in nodes_upsert],
-            "nodes_remove": list(nodes_remove),
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    20,000-binding pass is hashed without building 20,000 models.
+
+    The published status is part of it when there is one: it carries the pending
+    replicas' backoff attempts and wake times, so a replay whose timing rules changed
+    (a backoff constant, say) no longer matches what the store applied either."""
+    doc: dict[str, object] = {
+        "bind": [[*r[:4], list(r[4]), *r[5:]] for r in bind],
+        "release": list(release),
+        "nodes_upsert": [n.model_dump(mode="json") for n in nodes_upsert],
+        "nodes_remove": list(nodes_remove),
+    }
+    if status is not None:
+        doc["status"] = status
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 

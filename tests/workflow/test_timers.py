@@ -10,9 +10,11 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
+from forge import activity_contract as ac
 from forge.client import ForgeError
 from forge.reconcile import ReconcileOptions
 from forge.stores import TaskReport
+from tests.e2e.procs import assert_store_is_the_workflows
 from tests.workflow.harness import cluster, default_options, job, node
 
 
@@ -146,11 +148,58 @@ async def test_continue_as_new_keeps_state_and_loses_no_signal(
         desc = await fc.handle().describe()
         assert desc.run_id != first, "no continue-as-new happened"
         assert s.summary.generation > 1
-        # the store holds exactly the workflow's bindings and nodes
-        stored = {a.workload_id: a.node for a in store.assignments(fc.cluster)}
-        shown = {a.workload_id: a.node for a in await fc.assignments()}
-        assert stored == shown and len(stored) == 60
+        # the store holds exactly the workflow's bindings (the hash the loop published
+        # from its own state) and nodes
+        assert_store_is_the_workflows(store, fc.cluster)
+        assert len(store.assignments(fc.cluster)) == 60
         assert len(store.nodes(fc.cluster)) == 40
+
+
+async def test_continue_as_new_moves_no_replica_and_keeps_gpu_ids(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Stability: a new run reloads the bindings with their nodes and device ids and
+    keeps them; nothing is released (and restarted) because a run ended."""
+    async with cluster(skipping_env.client, options=default_options(max_passes_per_run=2)) as (
+        fc,
+        store,
+    ):
+        await fc.register_nodes([node(f"g{i}", cpu=16000, memory=65536, gpus=4) for i in range(4)])
+        await fc.submit_job(job("train", replicas=5, cpu=2000, gpu=2))
+        await fc.submit_job(job("infer", replicas=4, cpu=1000, gpu=1))
+        await _eventually(fc, lambda s: s.summary.bound == 9 and s.summary.pending == 0)
+        before = {(a.workload_id, a.node, tuple(a.gpu_ids)) for a in store.assignments(fc.cluster)}
+        released = await _released(fc)
+        generation = (await fc.status()).summary.generation
+        for i in range(6):  # a pass each, changing nothing for the GPU jobs: several runs
+            await fc.register_nodes([node(f"cpu{i}")])
+            s = await _eventually(fc, lambda s, n=5 + i: s.summary.nodes == n)
+        assert s.summary.generation >= generation + 2, "no continue-as-new happened"
+        after = {(a.workload_id, a.node, tuple(a.gpu_ids)) for a in store.assignments(fc.cluster)}
+        assert after == before
+        assert await _released(fc) == released, "a replica was released across runs"
+
+
+async def _released(fc) -> int:
+    """Releases persisted by every run so far (decoded from the persists in history)."""
+    total = 0
+    run_id = (await fc.handle().describe()).run_id
+    while run_id:
+        handle = fc.client.get_workflow_handle(fc.workflow_id, run_id=run_id)
+        previous = None
+        async for ev in handle.fetch_history_events():
+            if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                attrs = ev.workflow_execution_started_event_attributes
+                previous = attrs.continued_execution_run_id or None
+            elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                sa = ev.activity_task_scheduled_event_attributes
+                if sa.activity_type.name == ac.ACT_PERSIST:
+                    (persist,) = await fc.client.data_converter.decode(
+                        sa.input.payloads, [ac.PersistIn]
+                    )
+                    total += len(persist.release)
+        run_id = previous
+    return total
 
 
 @pytest.mark.parametrize(

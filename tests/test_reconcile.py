@@ -36,8 +36,9 @@ from forge.models import (
     Task,
     TaskGroup,
 )
-from forge.placement import Binding
+from forge.placement import Binding, Cluster
 from forge.reconcile import (
+    Carry,
     FailureHistory,
     PendingEntry,
     Plan,
@@ -160,6 +161,7 @@ class Sim:
     capacity_changed: bool = True
     fresh: int = 0
     plans: list[Plan] = field(default_factory=list)
+    carry: Carry | None = None  # what the workflow hands each pass: checked against full
 
     # events --------------------------------------------------------------------
     def _pick(self, keys: Iterable[str], index: int) -> str | None:
@@ -242,6 +244,7 @@ class Sim:
         plan = reconcile(**inputs)
         assert {w: btuple(b) for w, b in self.bindings.items()} == before, "inputs mutated"
         check_plan(inputs, plan, sim_checks=sim_checks)
+        self.check_carried(inputs, plan)
         check_determinism(inputs, plan, rnd or random.Random(0))
         check_fixed_point(inputs, plan)
         self.bindings, self.pending, self.failures = plan.bindings, plan.pending, plan.failures
@@ -249,6 +252,31 @@ class Sim:
         self.capacity_changed = False
         self.plans.append(plan)
         return plan
+
+    def check_carried(self, inputs: Mapping[str, Any], plan: Plan) -> None:
+        """The workflow's way (a carry from the previous pass, only changes
+        re-checked) plans exactly what a pass over every binding plans."""
+        if inputs["options"].max_work:
+            self.carry = None  # the budget counts checked bindings: the plans may differ
+            return
+        if any(b.status is AssignmentStatus.FAILED for b in inputs["bindings"].values()):
+            # a failed status is only ever read from the store, by a new run, which
+            # has no carry yet
+            self.carry = None
+        carried = reconcile(**inputs, carry=self.carry)
+        assert plan_key(carried) == plan_key(plan), "a carried pass planned differently"
+        assert carried.carry is not None
+        fresh = Cluster(list(inputs["nodes"].values()))
+        for b in carried.bindings.values():
+            assert fresh.by_id[b.node].hold(b)
+        kept = {
+            a.id: (a.cpu_used, a.mem_used, a.gpus_used, tuple(a.gpu_free))
+            for a in carried.carry.cluster.nodes
+        }
+        assert kept == {
+            a.id: (a.cpu_used, a.mem_used, a.gpus_used, tuple(a.gpu_free)) for a in fresh.nodes
+        }, "the carried allocations drifted from the bindings"
+        self.carry = carried.carry
 
     def settle(self, passes: int = 10) -> Plan:
         """Passes at the same time until one changes nothing."""

@@ -43,7 +43,14 @@ with workflow.unsafe.imports_passed_through():
     from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
     from forge.models import MAX_BATCH_BYTES, AssignmentStatus, Job, Node, NodeState, workload_id
     from forge.placement import Binding
-    from forge.reconcile import DEFAULT_MAX_WORK, FailureHistory, PendingEntry, Plan, reconcile
+    from forge.reconcile import (
+        DEFAULT_MAX_WORK,
+        Carry,
+        FailureHistory,
+        PendingEntry,
+        Plan,
+        reconcile,
+    )
     from forge.stores.base import STATE_MOD, ApplyResult, JobPage, binding_hash, rows_digest
 
 __all__ = ["ClusterWorkflow"]
@@ -136,6 +143,9 @@ class ClusterWorkflow:
         self.signals_dropped = cp.signals_dropped if cp else 0
         self.last_dropped = cp.last_dropped if cp else ""
         self.state_sum = 0  # forge.stores.base.binding_hash summed over self.bindings
+        # the last pass's allocations and indexes (forge.reconcile.Carry): the next
+        # pass re-checks only what changed; None after a (re)load
+        self.carry: Carry | None = None
         self.updates = 0  # accepted in this run
         self.queued_bytes = 0  # job JSON queued by handlers since the queue was empty
 
@@ -219,6 +229,7 @@ class ClusterWorkflow:
             after = rows.next_after
         self.nodes = nodes
         self.bindings = bindings
+        self.carry = None  # the first pass checks every binding against what was loaded
         self.state_sum = state_sum % STATE_MOD
         self.jobs = {}
         self.jobs_revision = 0
@@ -269,9 +280,11 @@ class ClusterWorkflow:
         failed = [w for w in self.failed if w in self.bindings]
         status_changed = [w for w, b in self._status_updates.items() if w in self.bindings]
         options = self.opts.reconcile
-        if not options.max_work and workflow.patched(PATCH_WORK_BUDGET):
+        bounded = workflow.patched(PATCH_WORK_BUDGET)
+        if bounded and not options.max_work:
             # a pass plans at most this much and defers the rest to the next pass,
-            # so no activation runs near the SDK's 2 s deadlock limit
+            # and re-checks only what changed (the carry), so no activation runs
+            # near the SDK's 2 s deadlock limit, however big the cluster
             options = options.model_copy(update={"max_work": DEFAULT_MAX_WORK})
         with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
             started = time.perf_counter()
@@ -285,6 +298,7 @@ class ClusterWorkflow:
             capacity_changed=self.capacity_changed,
             now=now,
             options=options,
+            carry=self.carry if bounded else None,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started
@@ -330,6 +344,7 @@ class ClusterWorkflow:
         # commit
         self.state_sum = self._state_after(plan)
         self.bindings = plan.bindings
+        self.carry = plan.carry if bounded else None
         self.pending = plan.pending
         self.deferred = plan.deferred
         self.failures = plan.failures
@@ -338,7 +353,8 @@ class ClusterWorkflow:
         self.capacity_changed = False
         self.planned_ticket = written
         self.passes += 1
-        self.replay_cost += plan.desired + len(plan.released)
+        # what a worker taking the run over replays: the passes' work
+        self.replay_cost += plan.work if bounded else plan.desired + len(plan.released)
         self.last_pass_at = now
         self.last_pass = _pass_text(self.passes, plan)
         if plan.deferred:
@@ -386,6 +402,8 @@ class ClusterWorkflow:
         if op == "register":
             node: Node = arg
             old = self.nodes.get(node.id)
+            if old is not None and old == node:
+                node = old  # the same object: the next pass has nothing to re-check here
             self.nodes[node.id] = node
             remove.pop(node.id, None)
             upsert[node.id] = node
@@ -448,7 +466,10 @@ class ClusterWorkflow:
                         # a changed request may fit where the old one did not:
                         # backed-off replicas get another try now
                         self.capacity_changed = True
-                    jobs[ch.job_id] = ch.job
+                    # an unchanged job keeps its object (a full reload too): a pass
+                    # re-checks only the jobs whose object changed (reconcile.Carry)
+                    same = old if old is not None else self.jobs.get(ch.job_id)
+                    jobs[ch.job_id] = same if same is not None and same == ch.job else ch.job
             self.jobs_revision = max(self.jobs_revision, page.revision)
             if not page.more:
                 break
@@ -925,8 +946,8 @@ class ClusterWorkflow:
     def _state_after(self, plan: Plan) -> int:
         """The bindings hash after ``plan``, from its changes alone."""
         total = self.state_sum
-        for wid, _ in plan.released:
-            total -= _hash(self.bindings[wid])
+        for b in plan.dropped:
+            total -= _hash(b)
         for b in plan.placed:
             total += _hash(b)
         return total % STATE_MOD

@@ -133,6 +133,16 @@ class NodeAlloc:
         self.mem_used += b.memory
         return True
 
+    def unhold(self, b: Binding) -> None:
+        """Give back what ``hold`` (or ``allocate``) took for ``b``."""
+        self.cpu_used -= b.cpu
+        self.mem_used -= b.memory
+        for gid in b.gpu_ids:
+            i = self._gpu_index(gid)
+            if i is not None and not self.gpu_free[i]:
+                self.gpu_free[i] = True
+                self.gpus_used -= 1
+
     def _gpu_index(self, gid: str) -> int | None:
         for i, dev in enumerate(self.node.gpus):
             if dev.id == gid:
@@ -151,6 +161,22 @@ class Cluster:
             NodeAlloc(node=n, index=i, gpu_free=[True] * len(n.gpus)) for i, n in enumerate(ordered)
         ]
         self.by_id = {a.id: a for a in self.nodes}
+
+    def refresh(self, nodes: dict[str, Node], changed: set[str]) -> None:
+        """Bring the allocations up to date with ``nodes``: a changed or new node
+        starts empty (its holders are re-held by the caller), a removed one goes,
+        the rest keep what they hold."""
+        for node_id in changed:
+            node = nodes.get(node_id)
+            if node is None:
+                self.by_id.pop(node_id, None)
+            else:
+                self.by_id[node_id] = NodeAlloc(
+                    node=node, index=0, gpu_free=[True] * len(node.gpus)
+                )
+        self.nodes = [self.by_id[k] for k in sorted(self.by_id)]
+        for i, a in enumerate(self.nodes):
+            a.index = i
 
     def __len__(self) -> int:
         return len(self.nodes)

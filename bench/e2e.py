@@ -246,6 +246,7 @@ class HistoryStats:
     largest_payload: int = 0
     task_failures: int = 0  # WorkflowTaskFailed events (must be 0)
     longest_task: float = 0.0  # seconds from a workflow task's start to its completion
+    longest_woken_by: str = ""  # the events the longest task processed (what woke it)
     tasks: int = 0
 
 
@@ -258,6 +259,7 @@ async def history_stats(client: Client, workflow_id: str) -> HistoryStats:
         stats.events.append(len(hist.events))
         stats.bytes.append(sum(e.ByteSize() for e in hist.events))
         started: dict[int, float] = {}
+        since: list[str] = []  # events since the last completed task
         for e in hist.events:
             for p in _payloads(e):
                 stats.largest_payload = max(stats.largest_payload, p.ByteSize())
@@ -268,9 +270,17 @@ async def history_stats(client: Client, workflow_id: str) -> HistoryStats:
                 begun = started.get(e.workflow_task_completed_event_attributes.started_event_id)
                 if begun is not None:
                     stats.tasks += 1
-                    stats.longest_task = max(stats.longest_task, t - begun)
-            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-                stats.task_failures += 1
+                    if t - begun > stats.longest_task:
+                        stats.longest_task = t - begun
+                        stats.longest_woken_by = f"run {stats.runs}: " + ", ".join(since[-6:])
+                since = []
+            else:
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    stats.task_failures += 1
+                name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower()
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    name += ":" + e.activity_task_scheduled_event_attributes.activity_type.name
+                since.append(name)
         first = hist.events[0].workflow_execution_started_event_attributes
         run_id = first.continued_execution_run_id or None
     return stats
@@ -578,7 +588,7 @@ def report(results: dict[str, Any], command: str) -> str:
             f"{r['shapes']} shapes, {r['unplaceable']:,} unplaceable",
             f"converged in {r['seconds']:.1f} s: {r['bound']:,} bound, {r['pending']:,} pending; "
             f"{h.task_failures} WorkflowTaskFailed; longest workflow task "
-            f"{h.longest_task * 1000:.0f} ms of {h.tasks:,}; {h.runs} runs",
+            f"{h.longest_task * 1000:.0f} ms of {h.tasks:,} ({h.longest_woken_by}); {h.runs} runs",
             TARGETS["pending"],
             h.task_failures == 0 and h.longest_task < 1.0,
         )
@@ -626,6 +636,11 @@ async def main(argv: list[str] | None = None) -> int:
         "--skip", default="", help="comma list: cold_large,pending,loss,crash,idle,submit"
     )
     ap.add_argument("--only-pending", action="store_true", help="only the pending-heavy runs")
+    ap.add_argument(
+        "--pending",
+        default="5000x50000x30x1,10000x30000x300x10",
+        help="pending-heavy runs: NODESxJOBSxSHAPESxREPLICAS_PER_JOB, comma-separated",
+    )
     ap.add_argument("--idle-window", type=float, default=120.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the raw results here")

@@ -150,6 +150,30 @@ class Carry:
     bindings: dict[str, Binding]
     by_node: dict[str, dict[str, None]]
     by_group: dict[tuple[str, str], dict[str, None]]
+    # bindings a load found invalid (with why): the next pass releases them
+    stale: list[tuple[str, Binding, str]] = field(default_factory=list)
+    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node]) -> Carry:
+        """An empty carry to :meth:`absorb` loaded bindings into, page by page, so
+        a new run never checks every binding in one activation."""
+        carry = cls(dict(jobs), dict(nodes), Cluster(list(nodes.values())), {}, {}, {})
+        carry.groups = _groups(jobs)
+        return carry
+
+    def absorb(self, wid: str, b: Binding) -> None:
+        """Hold a loaded binding, checked as a pass without a carry would (in the
+        same order: the store's), or keep it for the next pass to release."""
+        alloc = self.cluster.by_id.get(b.node)
+        reason = _reason(wid, b, self.groups.get((b.job, b.group)), alloc, set(), {})
+        if reason is None:
+            assert alloc is not None
+            if alloc.hold(b):
+                self.add(wid, b)
+                return
+            reason = "node capacity changed"
+        self.stale.append((wid, b, reason))
 
     @classmethod
     def build(
@@ -225,11 +249,7 @@ def reconcile(
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
     the carry's are the current ones). Mapping iteration orders must be
     deterministic (the workflow builds its dicts deterministically)."""
-    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = {}
-    for job in jobs.values():
-        for g in job.groups:
-            groups[(job.id, g.name)] = (job, g, g.request())
-
+    groups = _groups(jobs)
     failed_set = set(failed)
     just_failed: set[str] = set()
     new_failures = dict(failures)
@@ -375,6 +395,10 @@ def reconcile(
     return plan
 
 
+def _groups(jobs: Mapping[str, Job]) -> dict[tuple[str, str], tuple[Job, TaskGroup, Request]]:
+    return {(job.id, g.name): (job, g, g.request()) for job in jobs.values() for g in job.groups}
+
+
 _Release = Callable[[str, Binding, str], None]
 _Groups = Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]
 
@@ -475,6 +499,11 @@ def _release_changed(
     nodes whose object changed (re-held from empty, in binding order, as a full pass
     would), and those of changed groups and of failed replicas. Returns how many
     bindings were checked."""
+    checked = len(carry.stale)
+    for wid, b, why in carry.stale:  # found invalid when loaded
+        release(wid, b, why)
+    carry.stale = []
+    carry.groups = {}
     old_nodes, old_jobs = carry.nodes, carry.jobs
     changed_nodes = sorted(
         n for n in nodes.keys() | old_nodes.keys() if nodes.get(n) is not old_nodes.get(n)
@@ -485,7 +514,6 @@ def _release_changed(
     cluster = carry.cluster
     if changed_nodes:
         cluster.refresh(dict(nodes), set(changed_nodes))
-    checked = 0
     on_changed = set(changed_nodes)
     for node_id in changed_nodes:
         alloc = cluster.by_id.get(node_id)

@@ -263,7 +263,12 @@ class Sim:
             # a failed status is only ever read from the store, by a new run, which
             # has no carry yet
             self.carry = None
-        carried = reconcile(**inputs, carry=self.carry)
+        carry = self.carry
+        if carry is None:  # as a new run loads it: each binding checked as it arrives
+            carry = Carry.start(inputs["jobs"], inputs["nodes"])
+            for wid, b in inputs["bindings"].items():
+                carry.absorb(wid, b)
+        carried = reconcile(**inputs, carry=carry)
         assert plan_key(carried) == plan_key(plan), "a carried pass planned differently"
         assert carried.carry is not None
         fresh = Cluster(list(inputs["nodes"].values()))

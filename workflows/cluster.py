@@ -208,6 +208,15 @@ class ClusterWorkflow:
             if page.next_after is None:
                 break
             after = page.next_after
+        carry: Carry | None = None
+        if workflow.patched(PATCH_WORK_BUDGET):
+            # jobs first, so that each page of bindings is checked and held as it
+            # arrives: no activation of a new run walks every binding
+            self.nodes = nodes
+            self.jobs = {}
+            self.jobs_revision = 0
+            await self._load_jobs()
+            carry = Carry.start(self.jobs, nodes)
         bindings: dict[str, Binding] = {}
         state_sum = 0  # summed page by page: no activation walks every binding
         after = ""
@@ -222,18 +231,24 @@ class ClusterWorkflow:
                 b = Binding(
                     job, group, ordinal, node, tuple(gpu_ids), cpu, mem, AssignmentStatus(status)
                 )
-                bindings[workload_id(job, group, ordinal)] = b
+                if carry is not None:
+                    carry.absorb(workload_id(job, group, ordinal), b)
+                else:
+                    bindings[workload_id(job, group, ordinal)] = b
                 state_sum += _hash(b)
             if rows.next_after is None:
                 break
             after = rows.next_after
         self.nodes = nodes
-        self.bindings = bindings
-        self.carry = None  # the first pass checks every binding against what was loaded
         self.state_sum = state_sum % STATE_MOD
-        self.jobs = {}
-        self.jobs_revision = 0
-        await self._load_jobs()
+        self.carry = carry
+        if carry is not None:
+            self.bindings = carry.bindings
+        else:  # before the patch: the first pass checks every binding
+            self.bindings = bindings
+            self.jobs = {}
+            self.jobs_revision = 0
+            await self._load_jobs()
         self.last_resync = workflow.now().timestamp()
         self._details()
 

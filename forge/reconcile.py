@@ -11,7 +11,8 @@ The order of a pass:
 1. **release** bindings that are no longer desired (job stopped, scaled down,
    spec changed), sit on a lost, draining, removed or shrunken node, or failed;
 2. **place** missing replicas in priority order, then job id, group order,
-   ordinal, skipping those still waiting out a backoff or a reschedule delay;
+   ordinal, skipping those still waiting out a backoff or a reschedule delay
+   (placement version 2: within a priority, jobs that ask GPUs first);
 3. record who is **pending** and why, and when the pass must run again.
 
 Backoff: a replica that found no node waits ``base * 2**(attempts-1)`` seconds
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,6 +50,8 @@ from forge.placement import Binding, Cluster, Placer
 from forge.placement.scorers import ALGORITHMS
 
 __all__ = [
+    "DEFAULT_GPU_RESERVE",
+    "Algorithm",
     "FailureHistory",
     "PendingEntry",
     "Plan",
@@ -59,10 +62,37 @@ __all__ = [
 ]
 
 
+Algorithm = Literal[
+    "binpack",
+    "spread",
+    "fgd",
+    "best-fit",
+    "dot-product",
+    "gpu-packing",
+    "gpu-clustering",
+    "random",
+]
+
+#: The GPU reservation of placement version 2, per mille of each free GPU's share
+#: of its node's cpu and memory (bench/placement.py --gpu-mix measured 0, 250,
+#: 500, 750 and 1000; see README "Benchmarks").
+DEFAULT_GPU_RESERVE = 1000
+
+
 class ReconcileOptions(BaseModel):
+    """How a pass places. Every field that changes placement choices defaults to the
+    behaviour old workflow histories were made with: the workflow turns new
+    behaviour on under ``workflow.patched`` so replay never diverges.
+
+    ``placement_version`` 2: work that asks no GPU may use a GPU node's cpu and
+    memory only beyond its free GPUs' reservation (``gpu_reserve`` per mille of
+    each free GPU's share; :data:`DEFAULT_GPU_RESERVE` unless set), and binpack /
+    spread drop the GpuPreserve preference the reservation replaces.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    algorithm: Literal["binpack", "spread"] = "binpack"
+    algorithm: Algorithm = "binpack"
     candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
     backoff_base: float = Field(default=1.0, gt=0)
     backoff_cap: float = Field(default=300.0, gt=0)
@@ -70,9 +100,19 @@ class ReconcileOptions(BaseModel):
         default=20_000, ge=1, description="placements per pass; the rest go next pass"
     )
     seed: int = 0
+    placement_version: int = Field(default=1, ge=1, le=2)
+    gpu_reserve: int | None = Field(
+        default=None, ge=0, le=1000, description="per mille; None: by placement_version"
+    )
+
+    @property
+    def effective_gpu_reserve(self) -> int:
+        if self.gpu_reserve is not None:
+            return self.gpu_reserve
+        return DEFAULT_GPU_RESERVE if self.placement_version >= 2 else 0
 
 
-assert set(ALGORITHMS) == {"binpack", "spread"}
+assert set(ALGORITHMS) == set(get_args(Algorithm))
 
 
 class PendingEntry(BaseModel):
@@ -162,7 +202,7 @@ def reconcile(
         for g in job.groups:
             groups[(job.id, g.name)] = (job, g, g.request())
 
-    cluster = Cluster(list(nodes.values()))
+    cluster = Cluster(list(nodes.values()), gpu_reserve=options.effective_gpu_reserve)
     failed_set = set(failed)
     just_failed: set[str] = set()
     plan = Plan(bindings={})
@@ -194,7 +234,12 @@ def reconcile(
             reason = "failed"
         else:
             req = entry[2]
-            if b.cpu != req.cpu or b.memory != req.memory or len(b.gpu_ids) != req.gpu:
+            if (
+                b.cpu != req.cpu
+                or b.memory != req.memory
+                or len(b.gpu_ids) != req.gpu
+                or b.gpu_milli != req.gpu_milli
+            ):
                 reason = "spec changed"
             elif entry[1].constraints or req.gpu_models or req.gpu_memory:
                 ok = node_ok.get((b.node, key))
@@ -229,12 +274,38 @@ def reconcile(
             new_failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
 
     capacity_freed = capacity_changed or bool(plan.released)
+    workload: list[tuple[Request, float]] = []
+    if options.algorithm == "fgd":
+        # the typical work: every desired replica of the jobs held, by shape
+        workload = [(r, float(g.scaling.desired)) for _, g, r in groups.values()]
     placer = Placer(
-        cluster, algorithm=options.algorithm, candidates=options.candidates, seed=options.seed
+        cluster,
+        algorithm=options.algorithm,
+        candidates=options.candidates,
+        seed=options.seed,
+        version=options.placement_version,
+        workload=workload,
     )
 
     # 2. place, in priority order ----------------------------------------------------
-    ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
+    def asks_gpu(j: Job) -> bool:
+        return any(groups[(j.id, g.name)][2].gpu for g in j.groups)
+
+    if options.placement_version >= 2:
+        # within one priority, jobs that ask GPUs first: they can only use GPU
+        # nodes, and work without GPUs then fills what they leave there (beyond
+        # the reservation of the GPUs still free) before it opens another node
+        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, not asks_gpu(j), j.id))
+    else:
+        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
+    # The reservation keeps GPU nodes for GPU work that is waiting. Once the last
+    # job asking GPUs has had its turn and no GPU replica is left unbound, there
+    # is none: the rest of the pass may use all the cpu and memory (else a tight
+    # cluster whose GPUs are not all wanted would leave work pending for nothing).
+    last_gpu_job = -1
+    if placer.reserving:
+        last_gpu_job = max((i for i, j in enumerate(ordered) if asks_gpu(j)), default=-1)
+    gpu_waiting = False  # a GPU replica of this pass is left unbound
     placed_count = 0
     deferred = PendingEntry(
         kind="deferred",
@@ -242,7 +313,9 @@ def reconcile(
         reasons=("deferred to the next pass (per-pass placement limit)",),
     )
     backoff_entries: dict[tuple[int, str], PendingEntry] = {}
-    for job in ordered:
+    for position, job in enumerate(ordered):
+        if position == last_gpu_job + 1 and placer.reserving and not gpu_waiting:
+            placer.lift_reservation()
         for g in job.groups:
             req = groups[(job.id, g.name)][2]
             constraints = g.constraints
@@ -258,10 +331,12 @@ def reconcile(
                 wait = _waiting(prev, hist, g.reschedule, wid in just_failed, now, capacity_freed)
                 if wait is not None:
                     plan.pending[wid] = wait
+                    gpu_waiting = gpu_waiting or bool(req.gpu)
                     continue
                 if placed_count >= options.max_placements:
                     plan.deferred += 1
                     plan.pending[wid] = deferred  # one shared instance: 100k of them are cheap
+                    gpu_waiting = gpu_waiting or bool(req.gpu)
                     continue
                 avoid = hist.last_node if hist else None
                 choice = placer.place(req, constraints, avoid=avoid)
@@ -277,9 +352,17 @@ def reconcile(
                             reasons=(why,),
                         )
                     plan.pending[wid] = shared
+                    gpu_waiting = gpu_waiting or bool(req.gpu)
                     continue
                 b = Binding(
-                    job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory
+                    job.id,
+                    g.name,
+                    ordinal,
+                    choice.node.id,
+                    choice.gpu_ids,
+                    req.cpu,
+                    req.memory,
+                    gpu_milli=req.gpu_milli,
                 )
                 plan.bindings[wid] = b
                 plan.placed.append(b)

@@ -26,6 +26,12 @@ remaining nodes of a recently used class with the same static rules and a
 request no larger (every node full for that one is full for this one too): a
 50,000-replica pass then scans each node about once per class instead of once
 per replica, with the same choices (bench/placement.py measures it).
+
+The GPU reservation (``Cluster(gpu_reserve=...)``) is the one exception to
+"placements only consume capacity": taking a GPU frees its reservation, so a GPU
+replica that asks less cpu or memory than its share gives work without GPUs more
+room on that node. The placer records such nodes (``_revived``) and a class of
+GPU-less work re-admits them before its next search, so completeness holds.
 """
 
 from __future__ import annotations
@@ -34,11 +40,30 @@ import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-from forge.models import Constraint, Request
+from forge.models import GPU_MILLI, Constraint, Request, tolerated
 from forge.placement.filters import diagnose, format_reasons
 from forge.placement.scorers import GPU_WEIGHT, Weighted, combined, scorers_for
 from forge.placement.state import Cluster, NodeAlloc
+
+#: A request with its weight in the workload (how many replicas ask it).
+Typical = tuple[Request, float]
+
+
+@runtime_checkable
+class _PicksDevice(Protocol):
+    """A scorer that also chooses the device of a shared request (fgd)."""
+
+    def device(self, node: NodeAlloc, req: Request) -> int | None: ...
+
+
+@runtime_checkable
+class _Observes(Protocol):
+    """A scorer that learns from the placements made (gpu-clustering)."""
+
+    def placed(self, node: NodeAlloc, req: Request) -> None: ...
+
 
 __all__ = ["DEFAULT_CANDIDATES", "Choice", "Placer"]
 
@@ -47,6 +72,7 @@ DEFAULT_CANDIDATES = 8
 # (0..100), so any other feasible node in the window wins over it.
 AVOID_PENALTY = 1000.0
 REBASE_PEERS = 16  # binpack: recently used classes a (re)starting class may learn from
+_NO_GPU = Request(cpu=0, memory=0)  # asks what room a node has for work without GPUs
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +91,21 @@ class _Class:
     the window cannot take the class's replica for the rest of the pass.
     """
 
-    __slots__ = ("alive", "cands", "dead", "exhausted", "frontier", "ptr", "why", "window")
+    __slots__ = (
+        "alive",
+        "cands",
+        "dead",
+        "exhausted",
+        "frontier",
+        "ptr",
+        "revived",
+        "why",
+        "window",
+    )
 
-    def __init__(self, cands: list[NodeAlloc]) -> None:
+    def __init__(self, cands: list[NodeAlloc], revived: int = 0) -> None:
         self.cands = cands
+        self.revived = revived  # how much of Placer._revived this class has seen
         self.alive = bytearray(b"\x01") * len(cands)
         self.dead = 0
         self.ptr = 0
@@ -101,16 +138,31 @@ class Placer:
         algorithm: str = "binpack",
         candidates: int = DEFAULT_CANDIDATES,
         seed: int = 0,
+        version: int = 1,
+        workload: Sequence[Typical] = (),
     ) -> None:
         self.cluster = cluster
         self.algorithm = algorithm
-        self.scorers: tuple[Weighted, ...] = scorers_for(algorithm)
+        self.scorers: tuple[Weighted, ...] = scorers_for(
+            algorithm, version=version, workload=workload, seed=seed
+        )
         self.candidates = candidates
         self._fast = _fast_scorer(self.scorers)
+        # a scorer that also picks the device of a shared (fractional) request
+        self._device: _PicksDevice | None = next(
+            (w.scorer for w in self.scorers if isinstance(w.scorer, _PicksDevice)), None
+        )
+        # scorers that learn from placements (gpu-clustering)
+        self._observers = [w.scorer for w in self.scorers if isinstance(w.scorer, _Observes)]
+        # nodes where a GPU placement gave GPU-less work more room (module docstring)
+        self._revived: list[NodeAlloc] = []
+        self._reserving = any(n.reserve for n in cluster.nodes)
+        self._gpu_first = version >= 2
         order = list(cluster.nodes)
         random.Random(seed).shuffle(order)
         self._order = order
         self._static: dict[tuple[object, ...], list[NodeAlloc]] = {}
+        self._static_ids: dict[tuple[object, ...], set[int]] = {}
         self._classes: dict[tuple[Request, tuple[Constraint, ...]], _Class] = {}
         # the reconcile pass places a group's replicas one after another with the
         # same request object: remember the last class (hashing a pydantic model
@@ -130,6 +182,8 @@ class Placer:
     ) -> Choice | None:
         """Bind one replica to the best node found, or None if no node can take it."""
         cls = self._class(req, constraints)
+        if not req.gpu and cls.revived < len(self._revived):
+            self._readmit(cls, req, constraints)
         if cls.exhausted:
             return None
         fast = self._fast
@@ -150,12 +204,42 @@ class Placer:
             fit, reasons = diagnose(self.cluster.nodes, req, constraints)
             cls.why = format_reasons(len(self.cluster), fit, reasons)
             return None
-        gpu_ids = best.allocate(req)
+        if req.gpu and self._reserving:
+            room = (best.cpu_room(_NO_GPU), best.mem_room(_NO_GPU))
+        device = None
+        if req.gpu_milli and self._device is not None:
+            device = self._device.device(best, req)
+        gpu_ids = best.allocate(req, device)
+        if (
+            req.gpu
+            and self._reserving
+            and (best.cpu_room(_NO_GPU) > room[0] or best.mem_room(_NO_GPU) > room[1])
+        ):
+            self._revived.append(best)
+        for w in self._observers:
+            w.placed(best, req)
         if self.algorithm == "spread":
             cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
             if not best.fits(req):
                 self._kill(cls, best_pos)
         return Choice(best, gpu_ids, best_score)
+
+    @property
+    def reserving(self) -> bool:
+        """Whether free GPUs still reserve cpu and memory in this pass."""
+        return self._reserving
+
+    def lift_reservation(self) -> None:
+        """Drop every node's GPU reservation for the rest of the pass (no GPU work
+        is waiting for it). The nodes it held back are re-admitted for classes of
+        work without GPUs, as after a GPU placement."""
+        for node in self.cluster.nodes:
+            if node.reserve:
+                node.reserve = 0
+                if node.res_cpu or node.res_mem:
+                    node.res_cpu = node.res_mem = 0
+                    self._revived.append(node)
+        self._reserving = False
 
     def why_not(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> str:
         """Why the class found no node (``"0/3 nodes available: 2 insufficient cpu, ..."``)."""
@@ -173,7 +257,8 @@ class Placer:
         key = (req, constraints)
         cls = self._classes.get(key)
         if cls is None:
-            cls = _Class(self._eligible(req, constraints))
+            # a new class scans every eligible node: revived ones are among them
+            cls = _Class(self._eligible(req, constraints), len(self._revived))
             self._classes[key] = cls
         if self.algorithm != "spread":
             self._rebase(req, constraints, cls)
@@ -208,6 +293,8 @@ class Placer:
             cls.dead = 0
             cls.window = []
             cls.frontier = 0
+            # the peer's nodes include the revived nodes it has seen, not later ones
+            cls.revived = best.revived
         peers.pop(id(cls), None)  # most recently used last
         peers[id(cls)] = (req, cls)
 
@@ -220,8 +307,16 @@ class Placer:
             # the same nodes in the same order as one combined filter, each rule a
             # pass of its own so a pass without constraints or GPUs costs nothing
             nodes = [n for n in self._order if n.schedulable]
+            if not req.gpu and self._gpu_first:
+                # GPU nodes first (stable: each part keeps the seeded order). GPU
+                # work opens them anyway; work without GPUs then fills what their
+                # GPUs do not reserve before it opens a CPU node.
+                nodes = [n for n in nodes if n.node.gpus] + [n for n in nodes if not n.node.gpus]
             if constraints:
                 nodes = [n for n in nodes if all(c.matches(n.node.labels) for c in constraints)]
+            if any(n.node.taints for n in nodes):
+                tols = req.tolerations
+                nodes = [n for n in nodes if tolerated(n.node.taints, tols) is None]
             if req.gpu:
                 match = bool(req.gpu_models or req.gpu_memory)  # else every device matches
                 nodes = [
@@ -232,6 +327,34 @@ class Placer:
                 ]
             self._static[skey] = nodes
         return list(nodes)
+
+    def _readmit(self, cls: _Class, req: Request, constraints: tuple[Constraint, ...]) -> None:
+        """Give a class of GPU-less work back the nodes where GPU placements freed
+        reservation since it last looked: appended to its nodes (so its scan reaches
+        them) and, for binpack, to its window at once, so a used GPU node's spare
+        cpu is filled before the class opens another node. A node the class still
+        holds is merely checked twice."""
+        new = self._revived[cls.revived :]
+        cls.revived = len(self._revived)
+        eligible = self._eligible_ids(req, constraints)
+        seen: set[int] = set()
+        for node in new:
+            if node.index in seen or node.index not in eligible or not node.fits(req):
+                continue
+            seen.add(node.index)
+            if self.algorithm != "spread":
+                cls.window.append(len(cls.cands))  # a candidate now, not after every other node
+            cls.cands.append(node)
+            cls.alive.append(1)
+            cls.exhausted = False
+            cls.why = ""
+
+    def _eligible_ids(self, req: Request, constraints: tuple[Constraint, ...]) -> set[int]:
+        skey = _static_key(req, constraints)
+        ids = self._static_ids.get(skey)
+        if ids is None:
+            ids = self._static_ids[skey] = {n.index for n in self._eligible(req, constraints)}
+        return ids
 
     def _kill(self, cls: _Class, pos: int) -> None:
         if cls.alive[pos]:
@@ -258,7 +381,7 @@ class Placer:
                 ok = (
                     node.node.cpu - node.cpu_used >= cpu
                     and node.node.memory - node.mem_used >= mem
-                    and (not gpu or node.fits(req))
+                    and (not (gpu or node.reserve) or node.fits(req))
                 )
                 if ok:
                     found.append((i, node))
@@ -296,7 +419,7 @@ class Placer:
             if (
                 node.node.cpu - node.cpu_used >= cpu
                 and node.node.memory - node.mem_used >= mem
-                and (not gpu or node.fits(req))
+                and (not (gpu or node.reserve) or node.fits(req))
             ):
                 found.append((i, node))
         i = cls.frontier
@@ -305,7 +428,7 @@ class Placer:
             if (
                 node.node.cpu - node.cpu_used >= cpu
                 and node.node.memory - node.mem_used >= mem
-                and (not gpu or node.fits(req))
+                and (not (gpu or node.reserve) or node.fits(req))
             ):
                 found.append((i, node))
             i += 1
@@ -323,6 +446,8 @@ class Placer:
         n = len(cands)
         limit = self.candidates if self.candidates > 0 else n
         cpu, mem, gpu = req.cpu, req.memory, req.gpu
+        shared, milli = bool(req.gpu_milli), req.milli
+        preserve = self._fast is not None and self._fast.preserve
         # without a model or memory rule every device matches: a free count is enough
         match = bool(req.gpu_models or req.gpu_memory)
         old = cls.window
@@ -340,10 +465,19 @@ class Placer:
                 break
             node = cands[pos]
             nn = node.node
-            if (
-                nn.cpu - node.cpu_used < cpu
-                or nn.memory - node.mem_used < mem
-                or (gpu and (len(nn.gpus) - node.gpus_used < gpu or (match and not node.fits(req))))
+            if gpu:
+                if (
+                    nn.cpu - node.cpu_used < cpu
+                    or nn.memory - node.mem_used < mem
+                    or (shared and not node.fits(req))
+                    or (
+                        not shared
+                        and (len(nn.gpus) - node.gpus_used < gpu or (match and not node.fits(req)))
+                    )
+                ):
+                    continue
+            elif nn.cpu - node.cpu_used - node.res_cpu < cpu or (
+                nn.memory - node.mem_used - node.res_mem < mem
             ):
                 continue
             window.append(pos)
@@ -351,12 +485,21 @@ class Placer:
             total = (node.cpu_used + cpu) / nn.cpu if nn.cpu else 1.0
             total += (node.mem_used + mem) / nn.memory if nn.memory else 1.0
             if ngpu:
-                total = (total + GPU_WEIGHT * (node.gpus_used + gpu) / ngpu) / (2.0 + GPU_WEIGHT)
-                preserve = 100.0 if gpu else 100.0 * node.gpus_used / ngpu
+                # milli-GPU: the same quotient as devices when nothing is shared
+                cap = GPU_MILLI * ngpu
+                gutil = (cap - node.milli_free + milli) / cap
+                total = (total + GPU_WEIGHT * gutil) / (2.0 + GPU_WEIGHT)
+                keep = 100.0 if gpu else 100.0 * node.gpus_used / ngpu
             else:
                 total = total / 2.0
-                preserve = 100.0
-            s = (100.0 * (total if total < 1.0 else 1.0) + preserve) / 2.0
+                keep = 100.0
+            util = 100.0 * (total if total < 1.0 else 1.0)
+            if preserve:
+                s = (util + keep) / 2.0
+            elif node.cpu_used or node.mem_used or node.gpus_used:
+                s = 50.0 + util / 2.0  # a node in use beats every empty one
+            else:
+                s = (100.0 - util) / 2.0  # and if one must be opened, the largest
             if avoid is not None and nn.id == avoid:
                 s -= AVOID_PENALTY
             if s > best_score:
@@ -369,8 +512,10 @@ class Placer:
 
 def _static_key(req: Request, constraints: tuple[Constraint, ...]) -> tuple[object, ...]:
     """What decides a node's static eligibility. The gpu count is part of it: a node
-    with 2 matching devices is eligible for a 1-GPU request but not a 4-GPU one."""
-    return (constraints, req.gpu_models, req.gpu_memory, req.gpu)
+    with 2 matching devices is eligible for a 1-GPU request but not a 4-GPU one. The
+    share is part of it so that binpack's rebase never learns from a request whose
+    "full" means something else (a node with no whole device free may hold a share)."""
+    return (constraints, req.gpu_models, req.gpu_memory, req.gpu, req.gpu_milli, req.tolerations)
 
 
 def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
@@ -381,14 +526,19 @@ def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
         return _FastScore(spread=False)
     if names == (("spread", 1.0), ("gpu-preserve", 1.0)):
         return _FastScore(spread=True)
+    if names == (("binpack-v2", 1.0),):
+        return _FastScore(spread=False, preserve=False)
+    if names == (("spread", 1.0),):
+        return _FastScore(spread=True, preserve=False)
     return None
 
 
 class _FastScore:
-    __slots__ = ("spread",)
+    __slots__ = ("preserve", "spread")
 
-    def __init__(self, *, spread: bool) -> None:
+    def __init__(self, *, spread: bool, preserve: bool = True) -> None:
         self.spread = spread
+        self.preserve = preserve
 
     def __call__(self, node: NodeAlloc, req: Request) -> float:
         n = node.node
@@ -396,10 +546,19 @@ class _FastScore:
         total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
         total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0
         if ngpu:
-            total = (total + GPU_WEIGHT * (node.gpus_used + req.gpu) / ngpu) / (2.0 + GPU_WEIGHT)
+            cap = GPU_MILLI * ngpu
+            gutil = (cap - node.milli_free + req.milli) / cap
+            total = (total + GPU_WEIGHT * gutil) / (2.0 + GPU_WEIGHT)
             preserve = 100.0 if req.gpu else 100.0 * node.gpus_used / ngpu
         else:
             total = total / 2.0
             preserve = 100.0
         util = 100.0 * min(1.0, total)
-        return ((100.0 - util if self.spread else util) + preserve) / 2.0
+        base = 100.0 - util if self.spread else util
+        if self.preserve:
+            return (base + preserve) / 2.0
+        if self.spread:
+            return base
+        if node.cpu_used or node.mem_used or node.gpus_used:
+            return 50.0 + base / 2.0
+        return (100.0 - base) / 2.0

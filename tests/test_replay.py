@@ -39,7 +39,7 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 async def test_an_unpatched_scorer_change_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
     # A "harmless" change: spread instead of binpack, without workflow.patched.
-    monkeypatch.setattr(select, "scorers_for", lambda algorithm: scorers_for("spread"))
+    monkeypatch.setattr(select, "scorers_for", lambda algorithm, **kw: scorers_for("spread"))
     monkeypatch.setattr(select, "_fast_scorer", lambda scorers: None)
     replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
     path = next(p for p in HISTORIES if p.stem.startswith("lifecycle"))

@@ -1,0 +1,394 @@
+"""GPU placement: the reservation that keeps GPU nodes for GPU work, taints and
+tolerations, shared (fractional) GPUs with exact per-device bookkeeping, and the
+GPU-sharing policies (fgd and the paper's baselines) through the bounded selector.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forge.models import (
+    GPU_MILLI,
+    GpuDevice,
+    GpuRequest,
+    Job,
+    Node,
+    Request,
+    Resources,
+    ScalingPolicy,
+    Taint,
+    Task,
+    TaskGroup,
+    Toleration,
+)
+from forge.placement import Binding, Cluster, Placer, combined, explain_node, scorers_for
+from forge.placement.filters import diagnose, format_reasons
+from forge.placement.select import _fast_scorer
+from forge.reconcile import ReconcileOptions, reconcile
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+V1 = ReconcileOptions()
+V2 = ReconcileOptions(placement_version=2)
+GIB = 1024
+
+
+def gpu_node(
+    nid: str,
+    cpu: int = 16_000,
+    memory: int = 64 * GIB,
+    gpus: int = 2,
+    model: str = "H100",
+    taints: tuple[Taint, ...] = (),
+) -> Node:
+    return Node(
+        id=nid,
+        cpu=cpu,
+        memory=memory,
+        gpus=tuple(GpuDevice(id=f"gpu{i}", model=model, memory=81_920) for i in range(gpus)),
+        taints=taints,
+    )
+
+
+def group(
+    cpu: int,
+    memory: int,
+    *,
+    gpus: int = 0,
+    milli: int = 0,
+    desired: int = 1,
+    tolerations: tuple[Toleration, ...] = (),
+) -> TaskGroup:
+    return TaskGroup(
+        name="main",
+        tasks=(
+            Task(
+                name="main",
+                resources=Resources(
+                    cpu=cpu, memory=memory, gpu=GpuRequest(count=gpus, milli=milli)
+                ),
+            ),
+        ),
+        scaling=ScalingPolicy(min=0, max=max(desired, 1), desired=desired),
+        tolerations=tolerations,
+    )
+
+
+def job(jid: str, g: TaskGroup, priority: int = 50) -> Job:
+    return Job(id=jid, name=jid, priority=priority, groups=(g,))
+
+
+def one_pass(
+    nodes: list[Node],
+    jobs: list[Job],
+    options: ReconcileOptions,
+    bindings: dict[str, Binding] | None = None,
+    capacity_changed: bool = False,
+) -> dict[str, Binding]:
+    plan = reconcile(
+        jobs={j.id: j for j in jobs},
+        nodes={n.id: n for n in nodes},
+        bindings=bindings or {},
+        pending={},
+        failures={},
+        capacity_changed=capacity_changed,
+        now=0.0,
+        options=options,
+    )
+    return plan.bindings
+
+
+# -- the issue's scenario ------------------------------------------------------------
+def scenario() -> tuple[list[Node], list[Job], dict[str, Binding]]:
+    """A full cluster: one CPU node held by earlier work; a 2-GPU job and a
+    higher-priority CPU-only job with 40 replicas of 500m / 2 GiB both pending."""
+    full = Node(id="cpu-a", cpu=8_000, memory=32 * GIB)
+    filler = job("filler", group(8_000, 32 * GIB), priority=90)
+    train = job("train", group(8_000, 32 * GIB, gpus=2), priority=40)
+    web = job("web", group(500, 2 * GIB, desired=40), priority=80)
+    first = one_pass([full], [filler, train, web], V2)
+    assert "train/main/0" not in first
+    assert not any(w.startswith("web/") for w in first)  # the cluster is full
+    return [full], [filler, train, web], first
+
+
+def test_a_gpu_node_added_for_a_pending_gpu_job_goes_to_that_job() -> None:
+    nodes, jobs, bound = scenario()
+    h100 = gpu_node("h100-new")  # 16 cores, 64 GiB, 2 GPUs
+    after = one_pass([*nodes, h100], jobs, V2, bound, capacity_changed=True)
+    train = after["train/main/0"]
+    assert (train.node, train.gpu_ids) == ("h100-new", ("gpu0", "gpu1"))
+    # the next pass gives CPU work what the GPU job left: 8 cores, 16 replicas
+    again = one_pass([*nodes, h100], jobs, V2, after)
+    web = [b for w, b in again.items() if w.startswith("web/")]
+    assert len(web) == 16 and all(b.node == "h100-new" for b in web)
+    assert again["train/main/0"] == train
+
+
+def test_version_1_still_gives_the_new_gpu_node_to_cpu_work() -> None:
+    """Old histories replay with version 1: its choice (the bug) is kept there."""
+    nodes, jobs, _ = scenario()
+    v1_bound = one_pass(nodes, jobs, V1)
+    after = one_pass([*nodes, gpu_node("h100-new")], jobs, V1, v1_bound, capacity_changed=True)
+    assert "train/main/0" not in after
+
+
+def test_the_reservation_explains_itself_and_agrees_with_fits() -> None:
+    c = Cluster([gpu_node("g")], gpu_reserve=1000)
+    a = c.nodes[0]
+    cpu_only = Request(cpu=500, memory=GIB)
+    assert not a.fits(cpu_only)
+    why = explain_node(a, cpu_only, ())
+    assert why is not None and why.startswith("cpu reserved for free gpus")
+    fit, reasons = diagnose(c.nodes, cpu_only, ())
+    assert format_reasons(1, fit, reasons) == "0/1 nodes available: 1 cpu reserved for free gpus"
+    # one GPU taken with 4 of its 8 cores: the other GPU still reserves 8, 4 are spare
+    a.allocate(Request(cpu=4_000, memory=8 * GIB, gpu=1))
+    assert (a.res_cpu, a.res_mem) == (8_000, 32 * GIB)
+    assert a.fits(Request(cpu=4_000, memory=GIB))
+    assert not a.fits(Request(cpu=4_001, memory=GIB))
+    assert explain_node(a, Request(cpu=4_000, memory=GIB), ()) is None
+
+
+def test_half_a_reservation_keeps_half_of_each_share() -> None:
+    a = Cluster([gpu_node("g")], gpu_reserve=500).nodes[0]
+    assert (a.res_cpu, a.res_mem) == (8_000, 32 * GIB)
+    assert a.fits(Request(cpu=8_000, memory=GIB))
+    assert not a.fits(Request(cpu=8_001, memory=GIB))
+
+
+def test_the_reservation_is_lifted_when_no_gpu_work_waits() -> None:
+    """A GPU node with no GPU work anywhere takes CPU work: a reservation for
+    nobody would leave replicas pending that fit."""
+    bound = one_pass([gpu_node("g")], [job("web", group(1_000, GIB, desired=16))], V2)
+    assert len(bound) == 16
+
+
+def test_bindings_over_the_reservation_are_kept() -> None:
+    """The reservation steers new placements; it never evicts."""
+    g = gpu_node("g")
+    web = job("web", group(1_000, GIB, desired=16))
+    held = one_pass([g], [web], V1)
+    assert len(held) == 16
+    train = job("train", group(1_000, GIB, gpus=2), priority=10)
+    after = one_pass([g], [web, train], V2, held)
+    assert all(w in after for w in held)
+
+
+# -- taints ----------------------------------------------------------------------------
+GPU_POOL = Taint(key="pool", value="gpu")
+
+
+def test_a_tainted_node_takes_only_tolerating_groups() -> None:
+    pool = gpu_node("pool", taints=(GPU_POOL,))
+    plain = Node(id="plain", cpu=4_000, memory=8 * GIB)
+    jobs = [
+        job("web", group(1_000, GIB, desired=6)),
+        job("train", group(2_000, GIB, gpus=1, tolerations=(Toleration(key="pool", value="gpu"),))),
+    ]
+    bound = one_pass([pool, plain], jobs, V1)
+    assert {b.node for w, b in bound.items() if w.startswith("web/")} == {"plain"}
+    assert bound["train/main/0"].node == "pool"
+    a = Cluster([pool]).nodes[0]
+    why = explain_node(a, Request(cpu=1, memory=1), ())
+    assert why == "untolerated taint (pool=gpu:NoSchedule)"
+
+
+def test_toleration_operators() -> None:
+    assert Toleration(operator="Exists").tolerates(GPU_POOL)
+    assert Toleration(key="pool", operator="Exists").tolerates(GPU_POOL)
+    assert not Toleration(key="pool", value="cpu").tolerates(GPU_POOL)
+
+
+# -- properties --------------------------------------------------------------------------
+@st.composite
+def gpu_clusters(draw: st.DrawFn) -> list[Node]:
+    """2-6 nodes, most with 1-8 GPUs, some tainted."""
+    out = []
+    for i in range(draw(st.integers(2, 6))):
+        ngpu = draw(st.sampled_from([0, 1, 2, 4, 8]))
+        out.append(
+            Node(
+                id=f"n{i}",
+                cpu=draw(st.integers(1, 16)) * 1000,
+                memory=draw(st.integers(1, 16)) * GIB,
+                gpus=tuple(
+                    GpuDevice(id=f"gpu{d}", model=draw(st.sampled_from(["A100", "T4"])), memory=1)
+                    for d in range(ngpu)
+                ),
+                taints=(GPU_POOL,) if draw(st.integers(0, 5)) == 0 else (),
+            )
+        )
+    return out
+
+
+@st.composite
+def gpu_requests(draw: st.DrawFn) -> Request:
+    """Whole-device, shared and GPU-less requests of a few sizes (shapes repeat, so
+    equivalence classes are shared between calls)."""
+    kind = draw(st.sampled_from(["cpu", "cpu", "whole", "shared"]))
+    cpu = draw(st.sampled_from([500, 1000, 2000, 4000]))
+    memory = draw(st.sampled_from([512, GIB, 4 * GIB]))
+    tolerations = (Toleration(operator="Exists"),) if draw(st.booleans()) else ()
+    models = tuple(draw(st.sampled_from([(), (), ("T4",)])))
+    if kind == "whole":
+        return Request(
+            cpu=cpu,
+            memory=memory,
+            gpu=draw(st.sampled_from([1, 2, 4])),
+            gpu_models=models,
+            tolerations=tolerations,
+        )
+    if kind == "shared":
+        return Request(
+            cpu=cpu,
+            memory=memory,
+            gpu=1,
+            gpu_milli=draw(st.sampled_from([100, 300, 500, 700])),
+            gpu_models=models,
+            tolerations=tolerations,
+        )
+    return Request(cpu=cpu, memory=memory, tolerations=tolerations)
+
+
+def brute_fits(
+    n: Node, cpu_used: int, mem_used: int, left: list[int], reserve: int, r: Request
+) -> bool:
+    """Independent of NodeAlloc: capacity, the reservation, taints, models, shares."""
+    if any(not any(t.tolerates(x) for t in r.tolerations) for x in n.taints):
+        return False
+    res_cpu = res_mem = 0
+    if not r.gpu and n.gpus and reserve:
+        scale = len(n.gpus) * GPU_MILLI * 1000
+        res_cpu = n.cpu * sum(left) * reserve // scale
+        res_mem = n.memory * sum(left) * reserve // scale
+    if n.cpu - cpu_used - res_cpu < r.cpu or n.memory - mem_used - res_mem < r.memory:
+        return False
+    ok = [i for i, d in enumerate(n.gpus) if not r.gpu_models or d.model in r.gpu_models]
+    if r.gpu_milli:
+        return any(left[i] >= r.gpu_milli for i in ok)
+    return sum(1 for i in ok if left[i] == GPU_MILLI) >= r.gpu
+
+
+@settings(
+    max_examples=250,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    nodes=gpu_clusters(),
+    reqs=st.lists(gpu_requests(), min_size=1, max_size=40),
+    reserve=st.sampled_from([0, 500, 1000]),
+    candidates=st.sampled_from([1, 2, 0]),
+    algorithm=st.sampled_from(["binpack", "spread", "fgd", "best-fit", "gpu-packing"]),
+    version=st.sampled_from([1, 2]),
+    seed=st.integers(0, 3),
+)
+def test_placement_is_exact_per_device_and_complete(
+    nodes: list[Node],
+    reqs: list[Request],
+    reserve: int,
+    candidates: int,
+    algorithm: str,
+    version: int,
+    seed: int,
+) -> None:
+    """No device above 1000 milli, whole devices for multi-GPU requests, a share
+    names its one device, and a request is refused only when no node can take it
+    (the reservation included: GPU placements that free reservation re-admit nodes)."""
+    c = Cluster(nodes, gpu_reserve=reserve)
+    workload = [(r, 1.0) for r in reqs]
+    p = Placer(
+        c, algorithm=algorithm, candidates=candidates, seed=seed, version=version, workload=workload
+    )
+    cpu = {n.id: 0 for n in nodes}
+    mem = {n.id: 0 for n in nodes}
+    left = {n.id: [GPU_MILLI] * len(n.gpus) for n in nodes}
+    by_id = {n.id: n for n in nodes}
+    for r in reqs:
+        fitting = {
+            n.id for n in nodes if brute_fits(n, cpu[n.id], mem[n.id], left[n.id], reserve, r)
+        }
+        choice = p.place(r)
+        if choice is None:
+            assert not fitting, f"{r} refused though {sorted(fitting)} fit"
+            continue
+        nid = choice.node.id
+        assert nid in fitting
+        n = by_id[nid]
+        cpu[nid] += r.cpu
+        mem[nid] += r.memory
+        index = {d.id: i for i, d in enumerate(n.gpus)}
+        if r.gpu_milli:
+            assert len(choice.gpu_ids) == 1
+            left[nid][index[choice.gpu_ids[0]]] -= r.gpu_milli
+        else:
+            assert len(choice.gpu_ids) == len(set(choice.gpu_ids)) == r.gpu
+            for gid in choice.gpu_ids:
+                assert left[nid][index[gid]] == GPU_MILLI  # a whole, wholly free device
+                left[nid][index[gid]] = 0
+        a = choice.node
+        assert a.gpu_left == left[nid]
+        assert all(0 <= v <= GPU_MILLI for v in a.gpu_left)
+        assert a.milli_free == sum(a.gpu_left)
+        assert a.gpus_used == sum(1 for v in a.gpu_left if v < GPU_MILLI)
+        assert a.cpu_used <= n.cpu and a.mem_used <= n.memory
+
+
+@FAST
+@given(
+    nodes=gpu_clusters(),
+    reqs=st.lists(gpu_requests(), min_size=1, max_size=30),
+    algorithm=st.sampled_from(["binpack", "fgd", "random", "gpu-clustering", "dot-product"]),
+    seed=st.integers(0, 3),
+)
+def test_placement_is_deterministic(
+    nodes: list[Node], reqs: list[Request], algorithm: str, seed: int
+) -> None:
+    def run() -> list[tuple[str, tuple[str, ...]] | None]:
+        p = Placer(
+            Cluster(nodes, gpu_reserve=1000),
+            algorithm=algorithm,
+            seed=seed,
+            version=2,
+            workload=[(r, 1.0) for r in reqs],
+        )
+        out: list[tuple[str, tuple[str, ...]] | None] = []
+        for r in reqs:
+            ch = p.place(r)
+            out.append(None if ch is None else (ch.node.id, ch.gpu_ids))
+        return out
+
+    assert run() == run()
+
+
+@FAST
+@given(nodes=gpu_clusters(), reqs=st.lists(gpu_requests(), min_size=2, max_size=12))
+def test_scores_are_bounded_and_the_v2_fast_path_agrees(
+    nodes: list[Node], reqs: list[Request]
+) -> None:
+    c = Cluster(nodes, gpu_reserve=1000)
+    for r in reqs[:-1]:  # load the cluster a little
+        for a in c.nodes:
+            if a.fits(r):
+                a.allocate(r)
+                break
+    r = reqs[-1]
+    for algorithm in (
+        "binpack",
+        "spread",
+        "fgd",
+        "best-fit",
+        "dot-product",
+        "gpu-packing",
+        "gpu-clustering",
+        "random",
+    ):
+        chain = scorers_for(algorithm, version=2, workload=[(x, 1.0) for x in reqs])
+        for a in c.nodes:
+            assert 0.0 <= combined(a, r, chain) <= 100.0
+        fast = _fast_scorer(chain)
+        if algorithm in ("binpack", "spread"):
+            assert fast is not None
+            for a in c.nodes:
+                assert abs(fast(a, r) - combined(a, r, chain)) < 1e-9

@@ -35,13 +35,14 @@ from bench.placement import (
     _table,
     check_invariants,
     load_trace,
+    whole_gpus,
     without_gpu_spec,
 )
 from bench.workloads import gpu_mix, requests_in_order
-from forge.models import GpuRequest, Job, Node, Request, TaskGroup
+from forge.models import Job, Node, Request
 from forge.reconcile import ReconcileOptions, reconcile
 
-__all__ = ["Quality", "main", "quality", "stranded_gpus", "whole_gpus"]
+__all__ = ["Quality", "main", "quality", "stranded_gpus"]
 
 NODES_TOLERANCE = 0.02
 
@@ -133,38 +134,6 @@ def run_forge(label: str, nodes: list[Node], jobs: list[Job], opts: ReconcileOpt
         # completeness check of bench.placement does not know about
         check_invariants(label, nodes, desired, bound, honour_models=False)
     return quality(label, nodes, desired, bound, took)
-
-
-def whole_gpus(jobs: list[Job]) -> list[Job]:
-    """The same jobs with every GPU share rounded to a whole device (the original
-    has no sharing)."""
-    out = []
-    cache: dict[int, TaskGroup] = {}
-    for job in jobs:
-        groups = []
-        for g in job.groups:
-            ng = cache.get(id(g))
-            if ng is None:
-                tasks = tuple(
-                    t.model_copy(
-                        update={
-                            "resources": t.resources.model_copy(
-                                update={
-                                    "gpu": GpuRequest(
-                                        count=t.resources.gpu.count,
-                                        memory=t.resources.gpu.memory,
-                                        models=t.resources.gpu.models,
-                                    )
-                                }
-                            )
-                        }
-                    )
-                    for t in g.tasks
-                )
-                ng = cache[id(g)] = g.model_copy(update={"tasks": tasks})
-            groups.append(ng)
-        out.append(job.model_copy(update={"groups": tuple(groups)}))
-    return out
 
 
 def compare(

@@ -50,7 +50,7 @@ from forge.loaders import InputError, load_jobs, load_nodes
 from forge.models import GpuRequest, Job, Node, NodeState, Request, TaskGroup
 from forge.reconcile import Plan, ReconcileOptions, reconcile
 
-__all__ = ["Result", "check_invariants", "main"]
+__all__ = ["Result", "check_invariants", "main", "whole_gpus"]
 
 DEFAULT_SIZES = "1000x10000,5000x50000"
 DEFAULT_PODS = "openb_pod_list_default.csv"
@@ -321,6 +321,38 @@ def without_gpu_spec(jobs: list[Job]) -> list[Job]:
     return out
 
 
+def whole_gpus(jobs: list[Job]) -> list[Job]:
+    """The same jobs with every GPU share rounded to a whole device (the original
+    has no sharing)."""
+    out = []
+    cache: dict[int, TaskGroup] = {}
+    for job in jobs:
+        groups = []
+        for g in job.groups:
+            ng = cache.get(id(g))
+            if ng is None:
+                tasks = tuple(
+                    t.model_copy(
+                        update={
+                            "resources": t.resources.model_copy(
+                                update={
+                                    "gpu": GpuRequest(
+                                        count=t.resources.gpu.count,
+                                        memory=t.resources.gpu.memory,
+                                        models=t.resources.gpu.models,
+                                    )
+                                }
+                            )
+                        }
+                    )
+                    for t in g.tasks
+                )
+                ng = cache[id(g)] = g.model_copy(update={"tasks": tasks})
+            groups.append(ng)
+        out.append(job.model_copy(update={"groups": tuple(groups)}))
+    return out
+
+
 def in_arrival_order(jobs: list[Job]) -> list[Job]:
     """Jobs (given in arrival order) whose ids sort in arrival order, as reconcile
     places by (priority, id): kept as they are when they already do (the trace's
@@ -337,8 +369,10 @@ def in_arrival_order(jobs: list[Job]) -> list[Job]:
 
 
 def load_trace(directory: Path, pods: str) -> tuple[list[Node], list[Job]]:
+    """The trace's nodes and pods in arrival order, GPU shares rounded to whole
+    devices (this benchmark compares with the original, which has no sharing)."""
     nodes = load_nodes(directory / NODES_CSV)
-    jobs = in_arrival_order(load_jobs(directory / pods))
+    jobs = in_arrival_order(whole_gpus(load_jobs(directory / pods)))
     return nodes, jobs
 
 

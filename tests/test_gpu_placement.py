@@ -392,3 +392,92 @@ def test_scores_are_bounded_and_the_v2_fast_path_agrees(
             assert fast is not None
             for a in c.nodes:
                 assert abs(fast(a, r) - combined(a, r, chain)) < 1e-9
+
+
+# -- shared GPUs -----------------------------------------------------------------------
+def share(milli: int, cpu: int = 1000) -> Request:
+    return Request(cpu=cpu, memory=GIB, gpu=1, gpu_milli=milli)
+
+
+def test_shares_fill_one_device_before_the_next_and_never_exceed_it() -> None:
+    a = Cluster([gpu_node("g", gpus=2)]).nodes[0]
+    got = [a.allocate(share(300)) for _ in range(3)]
+    assert got == [("gpu0",)] * 3
+    assert a.gpu_left == [100, 1000]
+    assert a.allocate(share(300)) == ("gpu1",)  # 100 free on gpu0 is too little
+    assert a.allocate(share(100)) == ("gpu0",)  # the tightest device that has room
+    assert a.gpu_left == [0, 700] and a.milli_free == 700 and a.gpus_used == 2
+    assert not a.fits(Request(cpu=1, memory=1, gpu=1))  # no whole device is free
+
+
+def test_explain_shows_each_devices_free_share() -> None:
+    a = Cluster([gpu_node("g", gpus=2)]).nodes[0]
+    a.allocate(share(700))
+    a.allocate(share(900))
+    assert explain_node(a, share(500), ()) == (
+        "insufficient gpu share (gpu0: 300 free < 500 asked, gpu1: 100 free < 500 asked)"
+    )
+    fit, reasons = diagnose([a], share(500), ())
+    assert format_reasons(1, fit, reasons) == "0/1 nodes available: 1 insufficient gpu share"
+
+
+def test_a_shared_binding_is_held_exactly_and_survives_a_round_trip() -> None:
+    b = Binding("j", "g", 0, "g", ("gpu1",), 1000, GIB, gpu_milli=400)
+    assert Binding.from_assignment(b.to_assignment()) == b
+    a = Cluster([gpu_node("g", gpus=2)]).nodes[0]
+    assert a.hold(b) and a.hold(b)  # two 400 shares fit one device
+    assert a.gpu_left == [1000, 200]
+    assert not a.hold(b)  # a third does not
+    assert not a.hold(Binding("j", "g", 1, "g", ("gpu1",), 1, 1))  # nor a whole device
+
+
+def test_a_group_share_is_one_device_or_rounded_to_whole_devices() -> None:
+    def g(*specs: tuple[int, int]) -> Request:
+        tasks = tuple(
+            Task(
+                name=f"t{i}", resources=Resources(cpu=1, memory=1, gpu=GpuRequest(count=c, milli=m))
+            )
+            for i, (c, m) in enumerate(specs)
+        )
+        return TaskGroup(name="x", tasks=tasks).request()
+
+    assert (g((1, 300), (1, 400)).gpu, g((1, 300), (1, 400)).gpu_milli) == (1, 700)
+    assert (g((1, 600), (1, 600)).gpu, g((1, 600), (1, 600)).gpu_milli) == (2, 0)
+    assert (g((2, 0), (1, 300)).gpu, g((2, 0), (1, 300)).gpu_milli) == (3, 0)
+    assert (
+        g(
+            (1, 1000),
+        ).gpu,
+        g(
+            (1, 1000),
+        ).gpu_milli,
+    ) == (1, 0)
+
+
+def test_a_share_must_be_of_one_device() -> None:
+    import pydantic
+    import pytest
+
+    with pytest.raises(pydantic.ValidationError, match="count must be 1"):
+        GpuRequest(count=2, milli=500)
+
+
+def test_shared_jobs_are_placed_held_and_stable_across_passes() -> None:
+    nodes = [gpu_node("g1", gpus=2), gpu_node("g2", gpus=1)]
+    jobs = [
+        job("infer", group(500, GIB, gpus=1, milli=300, desired=6)),
+        job("train", group(2000, GIB, gpus=1)),
+    ]
+    first = one_pass(nodes, jobs, V2)
+    assert len(first) == 7  # six shares pack two devices: one stays whole for train
+    held: dict[tuple[str, str], int] = {}
+    for b in first.values():
+        if b.gpu_milli:
+            assert b.gpu_milli == 300 and len(b.gpu_ids) == 1
+            key = (b.node, b.gpu_ids[0])
+            held[key] = held.get(key, 0) + 300
+        else:
+            held[(b.node, b.gpu_ids[0])] = held.get((b.node, b.gpu_ids[0]), 0) + GPU_MILLI
+    assert all(v <= GPU_MILLI for v in held.values())
+    second = one_pass(nodes, jobs, V2, first)
+    assert second == first

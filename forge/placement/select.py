@@ -96,6 +96,7 @@ class _Class:
         "cands",
         "dead",
         "exhausted",
+        "extra",
         "frontier",
         "ptr",
         "revived",
@@ -106,6 +107,8 @@ class _Class:
     def __init__(self, cands: list[NodeAlloc], revived: int = 0) -> None:
         self.cands = cands
         self.revived = revived  # how much of Placer._revived this class has seen
+        # binpack: re-admitted nodes waiting for room in the window (see _readmit)
+        self.extra: list[NodeAlloc] = []
         self.alive = bytearray(b"\x01") * len(cands)
         self.dead = 0
         self.ptr = 0
@@ -189,9 +192,13 @@ class Placer:
         fast = self._fast
         if fast is not None and not fast.spread:
             best_pos, best, best_score = self._best_in_window(cls, req, avoid)
+            while best is None and cls.extra:  # the window emptied: re-admitted nodes next
+                best_pos, best, best_score = self._best_in_window(cls, req, avoid)
         else:
             best_pos, best, best_score = -1, None, -1e18
             found = self._scan(cls, req)
+            while not found and cls.extra:
+                found = self._scan(cls, req)
             for pos, node in found:
                 s = fast(node, req) if fast is not None else combined(node, req, self.scorers)
                 if avoid is not None and node.node.id == avoid:
@@ -288,11 +295,13 @@ class Placer:
         if best is not None:
             cands = [best.cands[i] for i in best.window]
             cands += best.cands[best.frontier :]
+            cands += best.extra
             cls.cands = cands
             cls.alive = bytearray(b"\x01") * len(cands)
             cls.dead = 0
             cls.window = []
             cls.frontier = 0
+            cls.extra = []
             # the peer's nodes include the revived nodes it has seen, not later ones
             cls.revived = best.revived
         peers.pop(id(cls), None)  # most recently used last
@@ -342,12 +351,33 @@ class Placer:
             if node.index in seen or node.index not in eligible or not node.fits(req):
                 continue
             seen.add(node.index)
-            if self.algorithm != "spread":
-                cls.window.append(len(cls.cands))  # a candidate now, not after every other node
-            cls.cands.append(node)
-            cls.alive.append(1)
             cls.exhausted = False
             cls.why = ""
+            if self.algorithm != "spread":
+                cls.extra.append(node)  # joins the window as soon as it has room
+                continue
+            cls.cands.append(node)
+            cls.alive.append(1)
+        if cls.extra:
+            self._drain(cls, req)
+
+    def _drain(self, cls: _Class, req: Request) -> None:
+        """binpack: move re-admitted nodes that fit into the window while it has
+        fewer than ``candidates`` nodes: a candidate before any node the frontier
+        has not reached (a used GPU node's spare cpu before an empty node), yet the
+        window stays bounded. A node that no longer fits is dropped: capacity only
+        shrinks until it is re-admitted again."""
+        limit = self.candidates if self.candidates > 0 else len(cls.cands) + len(cls.extra)
+        extra = cls.extra
+        k = 0
+        while k < len(extra) and len(cls.window) < limit:
+            node = extra[k]
+            k += 1
+            if node.fits(req):
+                cls.window.append(len(cls.cands))
+                cls.cands.append(node)
+                cls.alive.append(1)
+        del extra[:k]
 
     def _eligible_ids(self, req: Request, constraints: tuple[Constraint, ...]) -> set[int]:
         skey = _static_key(req, constraints)
@@ -409,6 +439,8 @@ class Placer:
         of the pass (placements only consume capacity), so when the frontier has
         reached the end and the window is empty, no node can take the replica.
         """
+        if cls.extra:
+            self._drain(cls, req)
         cands = cls.cands
         n = len(cands)
         limit = self.candidates if self.candidates > 0 else n
@@ -422,6 +454,13 @@ class Placer:
                 and (not (gpu or node.reserve) or node.fits(req))
             ):
                 found.append((i, node))
+        extra = cls.extra
+        while len(found) < limit and extra:  # re-admitted nodes first (_readmit)
+            node = extra.pop(0)
+            if node.fits(req):
+                found.append((len(cands), node))
+                cands.append(node)
+                cls.alive.append(1)
         i = cls.frontier
         while len(found) < limit and i < n:
             node = cands[i]
@@ -442,6 +481,8 @@ class Placer:
         """binpack with the default scorers: :meth:`_scan_window` and the scoring
         of the window in one loop, with :class:`_FastScore`'s arithmetic written
         out (the hot path of a pass: the same choices, ~30% less time)."""
+        if cls.extra:
+            self._drain(cls, req)
         cands = cls.cands
         n = len(cands)
         limit = self.candidates if self.candidates > 0 else n
@@ -450,6 +491,7 @@ class Placer:
         preserve = self._fast is not None and self._fast.preserve
         # without a model or memory rule every device matches: a free count is enough
         match = bool(req.gpu_models or req.gpu_memory)
+        extra = cls.extra
         old = cls.window
         k, n_old, i = 0, len(old), cls.frontier
         window: list[int] = []
@@ -458,6 +500,10 @@ class Placer:
             if k < n_old:  # re-check the previous window
                 pos = old[k]
                 k += 1
+            elif len(window) < limit and extra:  # then re-admitted nodes (_readmit)
+                pos = len(cands)
+                cands.append(extra.pop(0))
+                cls.alive.append(1)
             elif len(window) < limit and i < n:  # then refill it from the frontier
                 pos = i
                 i += 1

@@ -18,6 +18,7 @@ state: nodes of one kind in one state share one computation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -135,10 +136,13 @@ class Fgd:
     """Fragmentation gradient descent: the node (and, for a share, the device) where
     the expected fragmentation F_n(M) grows least.
 
-    Score: ``50 + (F_before - F_after) / 160``, clamped to 0..100 (F changes by at
-    most a node's 8,000 free milli-GPU either way, so the scale keeps the order of
-    every difference; the paper's integer sigmoid merges differences below ~10
-    milli-GPU into ties).
+    Score: ``int(100 * sigmoid((F_before - F_after) / 1000))``, the paper's. The
+    integer keeps differences of more than ~40 milli-GPU apart and makes smaller
+    ones ties, which the selector breaks by its fixed node order: among nodes
+    about as good, the first-fit one, which consolidates. Measured on the trace
+    (bench/fragmentation.py), the exact difference packs worse (it chases tiny
+    gains across the whole cluster): 5.0% unallocated against 4.7% on the default
+    trace.
     """
 
     name = "fgd"
@@ -146,7 +150,9 @@ class Fgd:
     def __init__(self, workload: Iterable[tuple[Request, float]] = ()) -> None:
         self.tasks = typical_tasks(workload)
         self._memo: dict[tuple[object, ...], float] = {}
-        self._pick: tuple[int, Request, int, float] | None = None  # node, req, device, delta
+        # the last delta: (node, request, node's cpu used, free milli-GPU), device, delta;
+        # the node's usage is in the key because it changes between passes over it
+        self._pick: tuple[tuple[int, Request, int, int], int, float] | None = None
 
     def _f(self, key: tuple[object, ...]) -> float:
         f = self._memo.get(key)
@@ -161,9 +167,10 @@ class Fgd:
     def delta(self, node: NodeAlloc, req: Request) -> tuple[float, int]:
         """(F_after - F_before, device): the growth of F_n(M) and, for a shared
         request, the device that grows it least (ties: the lowest index)."""
+        key = (node.index, req, node.cpu_used, node.milli_free)
         pick = self._pick
-        if pick is not None and pick[0] == node.index and pick[1] is req:
-            return pick[3], pick[2]
+        if pick is not None and pick[0] == key:
+            return pick[2], pick[1]
         before = self._f(_state(node, 0, -1, 0))
         device = -1
         if req.gpu_milli:
@@ -186,15 +193,17 @@ class Fgd:
         else:
             after = self._f(_state(node, req.cpu, -1, 0))
         d = after - before
-        self._pick = (node.index, req, device, d)
+        self._pick = (key, device, d)
         return d, device
 
     def score(self, node: NodeAlloc, req: Request) -> float:
         if not node.node.gpus:
             return 50.0  # no GPU: no fragment either way
         d, _ = self.delta(node, req)
-        s = 50.0 - d / 160.0
-        return 0.0 if s < 0.0 else (100.0 if s > 100.0 else s)
+        x = d / 1000.0
+        if x > 50.0:  # exp would overflow; the score is 0 long before
+            return 0.0
+        return float(int(100.0 / (1.0 + math.exp(x))))
 
     def device(self, node: NodeAlloc, req: Request) -> int | None:
         _, device = self.delta(node, req)

@@ -306,6 +306,9 @@ def reconcile(
     if placer.reserving:
         last_gpu_job = max((i for i, j in enumerate(ordered) if asks_gpu(j)), default=-1)
     gpu_waiting = False  # a GPU replica of this pass is left unbound
+    # replicas without GPUs refused while the reservation held: tried again if it is
+    # lifted later in the pass, so nothing is left pending that fits (invariant 4)
+    held_back: list[tuple[str, Job, TaskGroup, int, Request]] = []
     placed_count = 0
     deferred = PendingEntry(
         kind="deferred",
@@ -341,6 +344,8 @@ def reconcile(
                 avoid = hist.last_node if hist else None
                 choice = placer.place(req, constraints, avoid=avoid)
                 if choice is None:
+                    if not req.gpu and placer.reserving:
+                        held_back.append((wid, job, g, ordinal, req))
                     attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
                     why = placer.why_not(req, constraints)
                     shared = backoff_entries.get((attempts, why))
@@ -367,6 +372,26 @@ def reconcile(
                 plan.bindings[wid] = b
                 plan.placed.append(b)
                 placed_count += 1
+
+    if held_back and placer.reserving and not gpu_waiting:
+        placer.lift_reservation()  # the last job was one asking GPUs, and all are bound
+    # GPU placements after a refusal may also have freed reservation (the placer
+    # re-admits those nodes), so the held-back replicas are tried once more anyway
+    if held_back:
+        for wid, job, g, ordinal, req in held_back:
+            if placed_count >= options.max_placements:
+                break  # they keep their backoff entries; capacity_changed wakes them
+            hist = new_failures.get(wid)
+            choice = placer.place(req, g.constraints, avoid=hist.last_node if hist else None)
+            if choice is None:
+                continue
+            b = Binding(
+                job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory
+            )
+            plan.bindings[wid] = b
+            plan.placed.append(b)
+            del plan.pending[wid]
+            placed_count += 1
 
     # failure histories only for replicas that are still desired
     plan.failures = {

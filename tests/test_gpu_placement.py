@@ -481,3 +481,85 @@ def test_shared_jobs_are_placed_held_and_stable_across_passes() -> None:
     assert all(v <= GPU_MILLI for v in held.values())
     second = one_pass(nodes, jobs, V2, first)
     assert second == first
+
+
+# -- one reconcile pass, version 2 ---------------------------------------------------------
+@st.composite
+def gpu_jobs(draw: st.DrawFn) -> list[Job]:
+    out = []
+    for i in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["cpu", "cpu", "whole", "shared"]))
+        gpus = {"cpu": 0, "whole": draw(st.sampled_from([1, 2, 4])), "shared": 1}[kind]
+        milli = draw(st.sampled_from([200, 500, 800])) if kind == "shared" else 0
+        g = group(
+            draw(st.sampled_from([500, 1000, 3000])),
+            draw(st.sampled_from([512, GIB, 4 * GIB])),
+            gpus=gpus,
+            milli=milli,
+            desired=draw(st.integers(1, 6)),
+            tolerations=(Toleration(operator="Exists"),) if draw(st.booleans()) else (),
+        )
+        out.append(job(f"j{i}", g, priority=draw(st.sampled_from([20, 50, 80]))))
+    return out
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(nodes=gpu_clusters(), jobs=gpu_jobs(), reserve=st.sampled_from([None, 500]))
+def test_a_v2_pass_is_exact_and_work_conserving(
+    nodes: list[Node], jobs: list[Job], reserve: int | None
+) -> None:
+    """After one pass: no node over capacity, no device above 1000 milli, whole
+    devices held once, and a replica left pending only if no node can take it now
+    (under the reservation while GPU work is still waiting, without it otherwise)."""
+    opts = ReconcileOptions(placement_version=2, gpu_reserve=reserve)
+    plan = reconcile(
+        jobs={j.id: j for j in jobs},
+        nodes={n.id: n for n in nodes},
+        bindings={},
+        pending={},
+        failures={},
+        now=0.0,
+        options=opts,
+    )
+    by_id = {n.id: n for n in nodes}
+    cpu = {n.id: 0 for n in nodes}
+    mem = {n.id: 0 for n in nodes}
+    left = {n.id: [GPU_MILLI] * len(n.gpus) for n in nodes}
+    for b in plan.bindings.values():
+        n = by_id[b.node]
+        index = {d.id: i for i, d in enumerate(n.gpus)}
+        cpu[b.node] += b.cpu
+        mem[b.node] += b.memory
+        if b.gpu_milli:
+            assert len(b.gpu_ids) == 1
+            left[b.node][index[b.gpu_ids[0]]] -= b.gpu_milli
+        else:
+            for gid in b.gpu_ids:
+                assert left[b.node][index[gid]] == GPU_MILLI, f"{gid} on {b.node} held twice"
+                left[b.node][index[gid]] = 0
+    for n in nodes:
+        assert cpu[n.id] <= n.cpu and mem[n.id] <= n.memory
+        assert all(0 <= v <= GPU_MILLI for v in left[n.id])
+    requests = {f"{j.id}/main/{o}": j.groups[0].request() for j in jobs for o in range(8)}
+    gpu_waiting = any(requests[w].gpu for w in plan.pending)
+    applied = opts.effective_gpu_reserve if gpu_waiting else 0
+    for wid in plan.pending:
+        r = requests[wid]
+        fitting = [
+            n.id for n in nodes if brute_fits(n, cpu[n.id], mem[n.id], left[n.id], applied, r)
+        ]
+        assert not fitting, f"{wid} ({r}) pending though {fitting} fit"
+    again = reconcile(
+        jobs={j.id: j for j in jobs},
+        nodes={n.id: n for n in nodes},
+        bindings={},
+        pending={},
+        failures={},
+        now=0.0,
+        options=opts,
+    )
+    assert again.bindings == plan.bindings  # deterministic

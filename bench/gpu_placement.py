@@ -2,7 +2,8 @@
 
 Run from the repository root::
 
-    python -m bench.gpu_placement [--size 600x4000] [--trace DIR] [--reserve 0,250,500,750,1000]
+    python -m bench.gpu_placement [--size 600x4000] [--seeds 0,1,2] [--trace DIR]
+        [--synthetic 1000x10000,200x2000] [--reserve 0,250,500,750,1000]
 
 The issue's target: on any cluster, binpack places at least what the original
 places, at least as many GPU pods, on no more nodes (+2%), with no more stranded
@@ -38,7 +39,7 @@ from bench.placement import (
     whole_gpus,
     without_gpu_spec,
 )
-from bench.workloads import gpu_mix, requests_in_order
+from bench.workloads import gpu_mix, requests_in_order, synthetic
 from forge.models import Job, Node, Request
 from forge.reconcile import ReconcileOptions, reconcile
 
@@ -129,17 +130,16 @@ def run_forge(label: str, nodes: list[Node], jobs: list[Job], opts: ReconcileOpt
     )
     took = time.perf_counter() - t
     bound = [(b.workload_id, b.node, b.gpu_ids, b.cpu, b.memory) for b in plan.placed]
-    if opts.effective_gpu_reserve == 0:
-        # with a reservation "fits" means more than free capacity, which the plain
-        # completeness check of bench.placement does not know about
-        check_invariants(label, nodes, desired, bound, honour_models=False)
+    check_invariants(
+        label, nodes, desired, bound, honour_models=False, gpu_reserve=opts.effective_gpu_reserve
+    )
     return quality(label, nodes, desired, bound, took)
 
 
 def compare(
     title: str, nodes: list[Node], jobs: list[Job], reserves: Sequence[int]
 ) -> tuple[str, list[tuple[str, bool]]]:
-    print(f"\n{title}: {len(nodes):,} nodes, {len(jobs):,} pods", flush=True)
+    print(f"\n{title}: {len(nodes):,} nodes, {len(jobs):,} jobs", flush=True)
     rows: list[Quality] = [run_original("original (exhaustive port)", nodes, jobs)]
     print(f"  {rows[-1]}", flush=True)
     base = ReconcileOptions(max_placements=1_000_000_000)
@@ -184,7 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench.gpu_placement", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--size", default="600x4000", help="NODESxPODS of the mixed cluster")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="seeds of the mixed cluster, e.g. 0,1,2")
+    parser.add_argument(
+        "--synthetic",
+        default="",
+        help="NODESxREPLICAS,... of bench.placement's synthetic clusters too (e.g. 1000x10000)",
+    )
     parser.add_argument("--trace", type=Path, help="directory of the Alibaba GPU trace CSVs")
     parser.add_argument("--pods", default="openb_pod_list_default.csv")
     parser.add_argument("--reserve", default="0,250,500,750,1000", help="per mille, comma list")
@@ -194,8 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets: list[tuple[str, bool]] = []
     if args.size:
         n, p = (int(x) for x in args.size.lower().split("x"))
-        w = gpu_mix(n, p, seed=args.seed)
-        t, tg = compare(w.name, w.nodes, w.jobs, reserves)
+        for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
+            w = gpu_mix(n, p, seed=seed)
+            t, tg = compare(f"{w.name} seed {seed}", w.nodes, w.jobs, reserves)
+            tables.append(t)
+            targets += tg
+    for size in [x for x in args.synthetic.split(",") if x.strip()]:
+        n, r = (int(x) for x in size.lower().split("x"))
+        w = synthetic(n, r)
+        t, tg = compare(f"synthetic {w.name}", w.nodes, w.jobs, reserves)
         tables.append(t)
         targets += tg
     if args.trace is not None:

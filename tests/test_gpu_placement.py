@@ -563,3 +563,48 @@ def test_a_v2_pass_is_exact_and_work_conserving(
         options=opts,
     )
     assert again.bindings == plan.bindings  # deterministic
+
+
+# -- fragmentation -------------------------------------------------------------------------
+def test_fragmentation_follows_the_papers_definition() -> None:
+    from forge.placement import TypicalTask, fragmentation
+
+    share = TypicalTask(cpu=1000, milli=500, count=1, models=frozenset(), p=0.5)
+    whole = TypicalTask(cpu=1000, milli=GPU_MILLI, count=1, models=frozenset(), p=0.3)
+    cpu_only = TypicalTask(cpu=1000, milli=0, count=0, models=frozenset(), p=0.2)
+    devices = [("A100", 1000), ("A100", 300)]
+    # the 300 left is too little for both GPU tasks; all 1,300 is lost to cpu-only work
+    assert (
+        fragmentation(8000, devices, (share, whole, cpu_only)) == 0.5 * 300 + 0.3 * 300 + 0.2 * 1300
+    )
+    # too little cpu for the GPU tasks: all free GPU is a fragment for them
+    assert fragmentation(500, devices, (share, whole)) == 0.8 * 1300
+    # a model the task excludes: all of it
+    t4_only = TypicalTask(cpu=1, milli=500, count=1, models=frozenset({"T4"}), p=1.0)
+    assert fragmentation(8000, devices, (t4_only,)) == 1300
+
+
+def test_typical_tasks_cover_95_percent_by_count() -> None:
+    from forge.placement import typical_tasks
+
+    big = Request(cpu=1000, memory=1, gpu=1)
+    small = Request(cpu=500, memory=1, gpu=1, gpu_milli=300)
+    rare = Request(cpu=8000, memory=1)
+    tasks = typical_tasks([(big, 60.0), (small, 37.0), (rare, 3.0)])
+    assert [(t.cpu, t.milli, round(t.p, 3)) for t in tasks] == [
+        (1000, 1000, 0.619),
+        (500, 300, 0.381),
+    ]
+
+
+def test_fgd_keeps_a_whole_node_for_the_whole_gpu_work_it_expects() -> None:
+    """A share goes to the node already in use, not to an untouched node the expected
+    4-GPU work needs whole; on it, to the device that leaves no sliver too small for
+    the expected shares (gpu1: 700 left, rather than gpu0: 200 left)."""
+    nodes = [gpu_node("a", gpus=4), gpu_node("b", gpus=4)]
+    c = Cluster(nodes)
+    c.by_id["b"].allocate(share(500))
+    workload = [(Request(cpu=1000, memory=GIB, gpu=4), 1.0), (share(300), 1.0)]
+    choice = Placer(c, algorithm="fgd", candidates=0, workload=workload).place(share(300))
+    assert choice is not None and choice.node.id == "b" and choice.gpu_ids == ("gpu1",)
+    assert c.by_id["b"].gpu_left == [500, 700, 1000, 1000]

@@ -190,10 +190,13 @@ def _plot(runs: list[Run], path: Path) -> None:
         for policy in policies:
             mine = [r for r in runs if r.trace == trace and r.policy == policy]
             xs = sorted(set.intersection(*(set(r.curve) for r in mine)))
-            xs = [x for x in xs if 50 <= x <= 130]
+            xs = [x for x in xs if 80 <= x <= 130]  # below ~85% every policy places all
             ys = [statistics.mean(r.curve[x] for r in mine) for x in xs]
             ax.plot(xs, ys, label=policy, linewidth=2.0 if policy.startswith("fgd") else 1.0)
         ax.axvline(100, color="grey", linewidth=0.5)
+        paper = PAPER.get(trace, {}).get("fgd")
+        if paper is not None:
+            ax.axhline(paper, color="black", linestyle=":", linewidth=1.0, label="paper's FGD")
         ax.set_title(trace)
         ax.set_xlabel("arrived workload (% of GPU capacity)")
         ax.set_ylabel("unallocated GPU %")

@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpu-reserve",
-        type=int,
+        type=_permille,
         default=None,
         metavar="PERMILLE",
         help="share of each free GPU's cpu/memory kept from GPU-less work, 0-1000 "
@@ -414,6 +414,13 @@ def _address_problem(text: str) -> str | None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         return f"{text!r}: port must be 1-65535"
     return None
+
+
+def _permille(text: str) -> int:
+    value = _nonnegative_int(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0..1000 (per mille)")
+    return value
 
 
 def _nonnegative_int(text: str) -> int:

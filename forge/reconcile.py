@@ -74,8 +74,9 @@ Algorithm = Literal[
 ]
 
 #: The GPU reservation of placement version 2, per mille of each free GPU's share
-#: of its node's cpu and memory (bench/placement.py --gpu-mix measured 0, 250,
-#: 500, 750 and 1000; see README "Benchmarks").
+#: of its node's cpu and memory. bench/gpu_placement.py measured 0-1000: 250-1000
+#: all meet the original on every figure; 1000 strands the fewest GPUs and keeps
+#: a node added for a pending GPU job whole for it (README "Benchmarks").
 DEFAULT_GPU_RESERVE = 1000
 
 

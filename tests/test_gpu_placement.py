@@ -100,11 +100,12 @@ def one_pass(
 
 # -- the issue's scenario ------------------------------------------------------------
 def scenario() -> tuple[list[Node], list[Job], dict[str, Binding]]:
-    """A full cluster: one CPU node held by earlier work; a 2-GPU job and a
-    higher-priority CPU-only job with 40 replicas of 500m / 2 GiB both pending."""
+    """A full cluster: one CPU node held by earlier work; a 2-GPU job (12 cores,
+    48 GiB: more than half of the node it will get) and a higher-priority CPU-only
+    job with 40 replicas of 500m / 2 GiB both pending."""
     full = Node(id="cpu-a", cpu=8_000, memory=32 * GIB)
     filler = job("filler", group(8_000, 32 * GIB), priority=90)
-    train = job("train", group(8_000, 32 * GIB, gpus=2), priority=40)
+    train = job("train", group(12_000, 48 * GIB, gpus=2), priority=40)
     web = job("web", group(500, 2 * GIB, desired=40), priority=80)
     first = one_pass([full], [filler, train, web], V2)
     assert "train/main/0" not in first
@@ -118,10 +119,10 @@ def test_a_gpu_node_added_for_a_pending_gpu_job_goes_to_that_job() -> None:
     after = one_pass([*nodes, h100], jobs, V2, bound, capacity_changed=True)
     train = after["train/main/0"]
     assert (train.node, train.gpu_ids) == ("h100-new", ("gpu0", "gpu1"))
-    # the next pass gives CPU work what the GPU job left: 8 cores, 16 replicas
+    # the next pass gives CPU work what the GPU job left: 4 cores, 8 replicas
     again = one_pass([*nodes, h100], jobs, V2, after)
     web = [b for w, b in again.items() if w.startswith("web/")]
-    assert len(web) == 16 and all(b.node == "h100-new" for b in web)
+    assert len(web) == 8 and all(b.node == "h100-new" for b in web)
     assert again["train/main/0"] == train
 
 

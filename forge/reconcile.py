@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forge.models import (
     AssignmentStatus,
+    Constraint,
     DelayFunction,
     Job,
     Node,
@@ -306,7 +307,11 @@ def reconcile(
     last_gpu_job = -1
     if placer.reserving:
         last_gpu_job = max((i for i, j in enumerate(ordered) if asks_gpu(j)), default=-1)
-    gpu_waiting = False  # a GPU replica of this pass is left unbound
+    gpu_waiting = False  # a GPU replica of this pass that some node could take is unbound
+
+    def waits_for_gpu(req: Request, constraints: tuple[Constraint, ...]) -> bool:
+        return bool(req.gpu) and placer.reserving and placer.could_ever_fit(req, constraints)
+
     # replicas without GPUs refused while the reservation held: tried again if it is
     # lifted later in the pass, so nothing is left pending that fits (invariant 4)
     held_back: list[tuple[str, Job, TaskGroup, int, Request]] = []
@@ -335,12 +340,12 @@ def reconcile(
                 wait = _waiting(prev, hist, g.reschedule, wid in just_failed, now, capacity_freed)
                 if wait is not None:
                     plan.pending[wid] = wait
-                    gpu_waiting = gpu_waiting or bool(req.gpu)
+                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
                     continue
                 if placed_count >= options.max_placements:
                     plan.deferred += 1
                     plan.pending[wid] = deferred  # one shared instance: 100k of them are cheap
-                    gpu_waiting = gpu_waiting or bool(req.gpu)
+                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
                     continue
                 avoid = hist.last_node if hist else None
                 choice = placer.place(req, constraints, avoid=avoid)
@@ -358,7 +363,7 @@ def reconcile(
                             reasons=(why,),
                         )
                     plan.pending[wid] = shared
-                    gpu_waiting = gpu_waiting or bool(req.gpu)
+                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
                     continue
                 b = Binding(
                     job.id,

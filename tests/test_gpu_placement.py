@@ -546,7 +546,11 @@ def test_a_v2_pass_is_exact_and_work_conserving(
         assert cpu[n.id] <= n.cpu and mem[n.id] <= n.memory
         assert all(0 <= v <= GPU_MILLI for v in left[n.id])
     requests = {f"{j.id}/main/{o}": j.groups[0].request() for j in jobs for o in range(8)}
-    gpu_waiting = any(requests[w].gpu for w in plan.pending)
+    empty = {n.id: [GPU_MILLI] * len(n.gpus) for n in nodes}
+    gpu_waiting = any(
+        requests[w].gpu and any(brute_fits(n, 0, 0, empty[n.id], 0, requests[w]) for n in nodes)
+        for w in plan.pending
+    )
     applied = opts.effective_gpu_reserve if gpu_waiting else 0
     for wid in plan.pending:
         r = requests[wid]
@@ -609,3 +613,14 @@ def test_fgd_keeps_a_whole_node_for_the_whole_gpu_work_it_expects() -> None:
     choice = Placer(c, algorithm="fgd", candidates=0, workload=workload).place(share(300))
     assert choice is not None and choice.node.id == "b" and choice.gpu_ids == ("gpu1",)
     assert c.by_id["b"].gpu_left == [500, 700, 1000, 1000]
+
+
+def test_a_gpu_job_no_node_could_ever_take_keeps_no_reservation() -> None:
+    """A 16-GPU job on 2-GPU nodes waits for good; CPU work still gets the nodes."""
+    jobs = [
+        job("huge", group(1_000, GIB, gpus=16), priority=90),
+        job("web", group(1_000, GIB, desired=16), priority=80),
+    ]
+    bound = one_pass([gpu_node("g")], jobs, V2)
+    assert "huge/main/0" not in bound
+    assert sum(1 for w in bound if w.startswith("web/")) == 16

@@ -236,6 +236,15 @@ class Placer:
         """Whether free GPUs still reserve cpu and memory in this pass."""
         return self._reserving
 
+    def could_ever_fit(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> bool:
+        """Whether some node could take the request were it empty (static rules and
+        total capacity): a GPU replica that never could is no reason to keep the
+        reservation."""
+        return any(
+            n.node.cpu >= req.cpu and n.node.memory >= req.memory
+            for n in self._eligible(req, constraints)
+        )
+
     def lift_reservation(self) -> None:
         """Drop every node's GPU reservation for the rest of the pass (no GPU work
         is waiting for it). The nodes it held back are re-admitted for classes of

@@ -50,7 +50,7 @@ from forge.loaders import InputError, load_jobs, load_nodes
 from forge.models import GpuRequest, Job, Node, NodeState, Request, TaskGroup
 from forge.reconcile import Plan, ReconcileOptions, reconcile
 
-__all__ = ["Result", "check_invariants", "main"]
+__all__ = ["Result", "check_invariants", "main", "whole_gpus"]
 
 DEFAULT_SIZES = "1000x10000,5000x50000"
 DEFAULT_PODS = "openb_pod_list_default.csv"
@@ -114,8 +114,14 @@ def check_invariants(
     bound: Sequence[Bound],
     *,
     honour_models: bool,
+    gpu_reserve: int = 0,
 ) -> None:
-    """Raise InvariantError naming every broken invariant (at most 20 lines)."""
+    """Raise InvariantError naming every broken invariant (at most 20 lines).
+
+    ``gpu_reserve`` (placement version 2): while a GPU replica is left unplaced, a
+    replica without GPUs counts as fitting a GPU node only beyond what its free GPUs
+    reserve (per mille of each free GPU's share), as the placer decides it.
+    """
     errors: list[str] = []
     by_id = {n.id: n for n in nodes}
     want = dict(desired)
@@ -169,6 +175,8 @@ def check_invariants(
         n.id: [(g.model, g.memory) for g in n.gpus if (n.id, g.id) not in held] for n in nodes
     }
     checked: set[Request] = set()
+    if gpu_reserve and not any(req.gpu and wid not in seen for wid, req in desired):
+        gpu_reserve = 0  # no GPU work waits: the placer lifts the reservation
     for wid, req in desired:
         if wid in seen or req in checked:
             continue
@@ -176,7 +184,15 @@ def check_invariants(
         for n in nodes:
             if n.state is not NodeState.READY:
                 continue
-            if n.cpu - cpu.get(n.id, 0) < req.cpu or n.memory - mem.get(n.id, 0) < req.memory:
+            res_cpu = res_mem = 0
+            if gpu_reserve and not req.gpu and n.gpus:
+                scale = len(n.gpus) * 1000
+                res_cpu = n.cpu * len(free_gpus[n.id]) * gpu_reserve // scale
+                res_mem = n.memory * len(free_gpus[n.id]) * gpu_reserve // scale
+            if (
+                n.cpu - cpu.get(n.id, 0) - res_cpu < req.cpu
+                or n.memory - mem.get(n.id, 0) - res_mem < req.memory
+            ):
                 continue
             ok = sum(
                 1
@@ -209,7 +225,13 @@ def _summary(
 
 
 def run_forge(
-    label: str, nodes: list[Node], jobs: list[Job], repeat: int, *, honour_models: bool = True
+    label: str,
+    nodes: list[Node],
+    jobs: list[Job],
+    repeat: int,
+    *,
+    honour_models: bool = True,
+    options: ReconcileOptions | None = None,
 ) -> Result:
     """Place with ``forge.reconcile`` ``repeat`` times; check each run, and that all
     runs chose the same placements (determinism)."""
@@ -229,7 +251,7 @@ def run_forge(
                 pending={},
                 failures={},
                 now=0.0,
-                options=OPTIONS,
+                options=options or OPTIONS,
             )
         )
         seconds.append(took)
@@ -237,7 +259,15 @@ def run_forge(
         bound = _forge_bound(plan)
         deferred = plan.deferred
         del plan  # keep the heap of the next run as small as the first one's
-        check_invariants(label, nodes, desired, bound, honour_models=honour_models)
+        opts = options or OPTIONS
+        check_invariants(
+            label,
+            nodes,
+            desired,
+            bound,
+            honour_models=honour_models,
+            gpu_reserve=opts.effective_gpu_reserve,
+        )
         if deferred:
             raise InvariantError(f"{label}: {deferred} placements deferred")
         digest = hashlib.sha256(repr(bound).encode()).digest()
@@ -321,6 +351,38 @@ def without_gpu_spec(jobs: list[Job]) -> list[Job]:
     return out
 
 
+def whole_gpus(jobs: list[Job]) -> list[Job]:
+    """The same jobs with every GPU share rounded to a whole device (the original
+    has no sharing)."""
+    out = []
+    cache: dict[int, TaskGroup] = {}
+    for job in jobs:
+        groups = []
+        for g in job.groups:
+            ng = cache.get(id(g))
+            if ng is None:
+                tasks = tuple(
+                    t.model_copy(
+                        update={
+                            "resources": t.resources.model_copy(
+                                update={
+                                    "gpu": GpuRequest(
+                                        count=t.resources.gpu.count,
+                                        memory=t.resources.gpu.memory,
+                                        models=t.resources.gpu.models,
+                                    )
+                                }
+                            )
+                        }
+                    )
+                    for t in g.tasks
+                )
+                ng = cache[id(g)] = g.model_copy(update={"tasks": tasks})
+            groups.append(ng)
+        out.append(job.model_copy(update={"groups": tuple(groups)}))
+    return out
+
+
 def in_arrival_order(jobs: list[Job]) -> list[Job]:
     """Jobs (given in arrival order) whose ids sort in arrival order, as reconcile
     places by (priority, id): kept as they are when they already do (the trace's
@@ -337,8 +399,10 @@ def in_arrival_order(jobs: list[Job]) -> list[Job]:
 
 
 def load_trace(directory: Path, pods: str) -> tuple[list[Node], list[Job]]:
+    """The trace's nodes and pods in arrival order, GPU shares rounded to whole
+    devices (this benchmark compares with the original, which has no sharing)."""
     nodes = load_nodes(directory / NODES_CSV)
-    jobs = in_arrival_order(load_jobs(directory / pods))
+    jobs = in_arrival_order(whole_gpus(load_jobs(directory / pods)))
     return nodes, jobs
 
 
@@ -402,9 +466,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="score of the port: the Rust source's (default) or the design notes' reading "
         "(utilisation after placing; see bench/original.py)",
     )
+    parser.add_argument(
+        "--placement-version",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="Forge's placement version (2: GPU reservation; see README Placement)",
+    )
     args = parser.parse_args(argv)
     argv_list = list(sys.argv[1:] if argv is None else argv)
     sizes = _parse_sizes(args.sizes)
+    global OPTIONS
+    OPTIONS = OPTIONS.model_copy(update={"placement_version": args.placement_version})
 
     print(
         f"# Forge placement benchmark (Python {platform.python_version()}, {platform.machine()}, "
@@ -412,7 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         "Forge: forge.reconcile.reconcile, binpack, "
-        f"candidates={OPTIONS.candidates}, seed={OPTIONS.seed}. "
+        f"candidates={OPTIONS.candidates}, seed={OPTIONS.seed}, "
+        f"placement version {args.placement_version}. "
         f"Original: bench.original (exhaustive), variant {args.original_variant!r}."
     )
     notes: list[str] = []

@@ -44,6 +44,7 @@ __all__ = [
     "GPU_TARGET",
     "MEM_TARGET",
     "Workload",
+    "gpu_mix",
     "replicas_per_job",
     "requests_in_order",
     "synthetic",
@@ -249,3 +250,86 @@ def requests_in_order(jobs: list[Job]) -> list[tuple[str, Request]]:
             for ordinal in range(g.scaling.desired):
                 out.append((f"{job.id}/{g.name}/{ordinal}", req))
     return out
+
+
+# GPU nodes of the mixed cluster: (cpu, memory MiB, gpu count, model, device memory)
+_MIX_GPU_NODES: tuple[tuple[tuple[int, int, int, str, int], float], ...] = (
+    ((16_000, 65_536, 1, "T4", 16_384), 1),
+    ((16_000, 65_536, 2, "H100", 81_920), 2),
+    ((32_000, 131_072, 4, "A100", 40_960), 2),
+    ((64_000, 262_144, 4, "V100M32", 32_768), 1),
+    ((64_000, 524_288, 8, "A100", 81_920), 4),
+    ((96_000, 786_432, 8, "H100", 81_920), 3),
+)
+_MIX_GPU_COUNTS: tuple[tuple[int, float], ...] = ((1, 16), (2, 3), (4, 1))
+
+
+def gpu_mix(nodes: int, pods: int, *, seed: int = 0) -> Workload:
+    """The issue's mixed cluster: a quarter of the nodes with 1-8 GPUs, 30% of the
+    pods wanting 1-4 GPUs (2-8 cores and 8-32 GiB per GPU; more GPUs asked than
+    there are, so all GPUs can be used in the end), the rest CPU-only pods of
+    0.25-8 cores. One pod is one job of one replica, priorities mixed, so the pass
+    interleaves GPU and CPU work as a real queue would.
+    """
+    rng = random.Random(f"forge-gpu-mix/{nodes}x{pods}/{seed}")
+    built: list[tuple[int, int, int, str, int]] = []
+    for i in range(nodes):
+        if i % 4 == 0:
+            built.append(_pick(rng, _MIX_GPU_NODES))
+        else:
+            cpu, mem = _pick(rng, _CPU_NODES)
+            built.append((cpu, mem, 0, "", 0))
+    rng.shuffle(built)
+    node_list = [
+        Node(
+            id=f"node-{i:05d}",
+            cpu=cpu,
+            memory=mem,
+            gpus=tuple(GpuDevice(id=f"gpu{d}", model=model, memory=dmem) for d in range(count)),
+        )
+        for i, (cpu, mem, count, model, dmem) in enumerate(built)
+    ]
+    devices = sum(len(n.gpus) for n in node_list)
+    n_gpu_pods = round(pods * 0.3)
+    counts = [_pick(rng, _MIX_GPU_COUNTS) for _ in range(n_gpu_pods)]
+    jobs: list[Job] = []
+    kinds = [True] * n_gpu_pods + [False] * (pods - n_gpu_pods)
+    rng.shuffle(kinds)
+    gi = 0
+    for i, is_gpu in enumerate(kinds):
+        if is_gpu:
+            count = counts[gi]
+            gi += 1
+            cpu = count * rng.choice((2_000, 4_000, 6_000, 8_000))
+            mem = count * rng.choice((8_192, 16_384, 32_768))
+        else:
+            count = 0
+            cpu = _pick(rng, _CPU_SHAPES)
+            mem = cpu * _pick(rng, _MEM_PER_CORE) // 1_000
+        task = Task(
+            name="main",
+            resources=Resources(cpu=cpu, memory=mem, gpu=GpuRequest(count=count)),
+        )
+        group = TaskGroup(
+            name="main", tasks=(task,), scaling=ScalingPolicy(min=0, max=1, desired=1)
+        )
+        jobs.append(
+            Job(
+                id=f"pod-{i:05d}",
+                name=f"pod-{i:05d}",
+                priority=_pick(rng, _PRIORITIES),
+                groups=(group,),
+            )
+        )
+    total = [0, 0, 0]
+    for job in jobs:
+        r = job.groups[0].request()
+        total[0] += r.cpu
+        total[1] += r.memory
+        total[2] += r.gpu
+    demand = {
+        "cpu": total[0] / sum(n.cpu for n in node_list),
+        "memory": total[1] / sum(n.memory for n in node_list),
+        "gpu": total[2] / devices if devices else 0.0,
+    }
+    return Workload(f"gpu-mix {nodes}x{pods}", node_list, jobs, demand)

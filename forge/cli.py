@@ -39,6 +39,7 @@ import pydantic
 from forge import output
 from forge.loaders import GPU_MEMORY_MIB, InputError, format_validation_error, load_jobs, load_nodes
 from forge.models import MAX_MEMORY, MAX_REPLICAS, Job, Node, is_valid_name
+from forge.placement.scorers import ALGORITHMS
 from forge.reconcile import ReconcileOptions, reconcile
 from forge.settings import Settings, SettingsError
 
@@ -180,13 +181,31 @@ def build_parser() -> argparse.ArgumentParser:
             "runs (forge.reconcile): every replica of the jobs against the nodes, no "
             "existing bindings.\n\n--json prints one object: {placements: [{workload_id, "
             "node, gpu_ids}], pending: [{workload_id, reasons}], summary: {placed, pending, "
-            "nodes_used, gpus_used, seconds}}; seconds is the planning time only."
+            "nodes_used, gpus_used, gpu_milli_used, seconds}}; seconds is the planning time "
+            "only; a shared GPU's placement adds gpu_milli, gpus_used counts devices "
+            "holding anything."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--nodes", required=True, metavar="FILE", help="nodes: YAML, JSON or trace CSV")
     p.add_argument("--jobs", required=True, metavar="FILE", help="jobs: YAML, JSON or trace CSV")
-    p.add_argument("--algorithm", choices=("binpack", "spread"), default="binpack")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="binpack")
+    p.add_argument(
+        "--placement-version",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="1: as recorded workflow histories place; 2 (default): GPU reservation, "
+        "GPU jobs first within a priority, binpack fills nodes in use first",
+    )
+    p.add_argument(
+        "--gpu-reserve",
+        type=_permille,
+        default=None,
+        metavar="PERMILLE",
+        help="share of each free GPU's cpu/memory kept from GPU-less work, 0-1000 "
+        "(default: the placement version's)",
+    )
     p.add_argument(
         "--candidates",
         type=_nonnegative_int,
@@ -410,6 +429,13 @@ def _address_problem(text: str) -> str | None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         return f"{text!r}: port must be 1-65535"
     return None
+
+
+def _permille(text: str) -> int:
+    value = _nonnegative_int(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0..1000 (per mille)")
+    return value
 
 
 def _nonnegative_int(text: str) -> int:
@@ -691,7 +717,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     jobs = load_jobs(args.jobs)
     replicas = _replica_count(jobs)
     options = ReconcileOptions(
-        algorithm=args.algorithm, candidates=args.candidates, max_placements=max(1, replicas)
+        algorithm=args.algorithm,
+        candidates=args.candidates,
+        max_placements=max(1, replicas),
+        placement_version=args.placement_version,
+        gpu_reserve=args.gpu_reserve,
     )
     show = sys.stderr.isatty() and not (args.json and not sys.stdout.isatty())
     message = f"planning {replicas:,} replicas on {len(nodes):,} nodes..."

@@ -43,7 +43,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge import models
-from forge.models import MAX_GPUS, MAX_MEMORY, NAME_PATTERN, Job, Node, TaskGroup
+from forge.models import GPU_MILLI, MAX_GPUS, MAX_MEMORY, NAME_PATTERN, Job, Node, TaskGroup
 
 try:  # libyaml's parser is ~10x faster; fall back to pure Python if it is missing.
     from yaml import CSafeLoader as _SafeLoader
@@ -505,8 +505,9 @@ def _expand_gpu_shorthand(node: dict[str, Any]) -> dict[str, Any]:
 
 _NODE_REQUIRED = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 _POD_REQUIRED = ("name", "cpu_milli", "memory_mib", "num_gpu")
-# Accepted and ignored, except creation_time (arrival order). Forge has no notion of
-# QoS class or of a pod's recorded phase and times; the trace is replayed as demand.
+# Accepted and ignored, except gpu_milli (a GPU share), gpu_spec (allowed models) and
+# creation_time (arrival order). Forge has no notion of QoS class or of a pod's
+# recorded phase and times; the trace is replayed as demand.
 _POD_OPTIONAL = (
     "gpu_milli",
     "gpu_spec",
@@ -534,6 +535,7 @@ _POD_COLUMNS: dict[tuple[str | int, ...], str] = {
     (*_TASK, "cpu"): "cpu_milli",
     (*_TASK, "memory"): "memory_mib",
     (*_TASK, "gpu", "count"): "num_gpu",
+    (*_TASK, "gpu", "milli"): "gpu_milli",
     (*_TASK, "gpu", "models"): "gpu_spec",
 }
 
@@ -702,7 +704,7 @@ def _parse_pod_csv(text: str, source: str) -> list[Job]:
     # Pods repeat a few hundred request shapes (112 in the 8,152-pod default list).
     # Groups are immutable, so one validated group per shape is shared by its jobs:
     # validation is most of the load time, and this cuts it several-fold.
-    shapes: dict[tuple[int, int, int, tuple[str, ...]], TaskGroup] = {}
+    shapes: dict[tuple[int, int, int, int, tuple[str, ...]], TaskGroup] = {}
     for line, cells in table.rows(errors):
         row = _Row(table, line, cells, errors)
         name = row.text("name")
@@ -712,6 +714,7 @@ def _parse_pod_csv(text: str, source: str) -> list[Job]:
             row.integer("num_gpu"),
         )
         created = row.seconds("creation_time") if timed else 0.0
+        milli = row.integer("gpu_milli") if row.has("gpu_milli") and row.text("gpu_milli") else 0
         if not row.ok:
             continue
         # The models require cpu > 0 and memory > 0, but the real trace has a pod with
@@ -722,13 +725,15 @@ def _parse_pod_csv(text: str, source: str) -> list[Job]:
         # ("V100M16|V100M32|V100M32"), so keep each once, in order. Empty = any model.
         spec = row.text("gpu_spec") if row.has("gpu_spec") else ""
         allowed = tuple(dict.fromkeys(m for m in (p.strip() for p in spec.split("|")) if m))
-        # num_gpu whole devices. gpu_milli (a fractional share of one GPU) is ignored:
-        # Forge allocates whole devices to one replica, so a 0.46-GPU pod holds one GPU.
-        shape = (cpu, memory, gpus, allowed)
+        # A one-GPU pod with gpu_milli below 1000 asks that share of one device
+        # (several share it); otherwise num_gpu whole devices (the trace's gpu_milli
+        # is 1000 for them, or above it: the FGD paper clips those to a device).
+        share = milli if gpus == 1 and 0 < milli < GPU_MILLI else 0
+        shape = (cpu, memory, gpus, share, allowed)
         group = shapes.get(shape)
         if group is None:
             try:
-                group = TaskGroup.model_validate(_pod_group(cpu, memory, gpus, allowed))
+                group = TaskGroup.model_validate(_pod_group(cpu, memory, gpus, allowed, share))
             except pydantic.ValidationError as e:
                 row.model_errors(e, _POD_COLUMNS, prefix=("groups", 0))
                 continue
@@ -754,8 +759,13 @@ def _parse_pod_csv(text: str, source: str) -> list[Job]:
     return [job for _, _, job in keyed]
 
 
-def _pod_group(cpu: int, memory: int, gpus: int, allowed: tuple[str, ...]) -> dict[str, Any]:
-    resources = {"cpu": cpu, "memory": memory, "gpu": {"count": gpus, "models": allowed}}
+def _pod_group(
+    cpu: int, memory: int, gpus: int, allowed: tuple[str, ...], milli: int = 0
+) -> dict[str, Any]:
+    gpu: dict[str, Any] = {"count": gpus, "models": allowed}
+    if milli:
+        gpu["milli"] = milli
+    resources = {"cpu": cpu, "memory": memory, "gpu": gpu}
     return {
         "name": "main",
         "scaling": {"min": 1, "max": 1, "desired": 1},

@@ -13,11 +13,21 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    Strict,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 __all__ = [
+    "GPU_MILLI",
     "MAX_BATCH_BYTES",
     "MAX_CPU",
     "MAX_GPUS",
@@ -43,8 +53,11 @@ __all__ = [
     "ReschedulePolicy",
     "Resources",
     "ScalingPolicy",
+    "Taint",
     "Task",
     "TaskGroup",
+    "Toleration",
+    "tolerated",
     "workload_id",
 ]
 
@@ -60,6 +73,9 @@ MAX_LABELS = 64
 MAX_ENV = 256
 MAX_ARGS = 256
 MAX_STRING = 4096
+MAX_TAINTS = 32
+#: One GPU device in milli-GPU: a shared (fractional) request asks 1..999 of it.
+GPU_MILLI = 1000
 #: One job spec, as JSON. The field limits above allow specs of gigabytes (64 groups
 #: x 64 tasks x 256 args of 4 KiB), and one over Temporal's 2 MiB payload limit
 #: wedges the cluster workflow (every workflow task that carries it fails).
@@ -91,18 +107,63 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Evolving(_Model):
+    """A model that gained fields after workflow histories were recorded with it.
+
+    Fields named in ``_new_fields`` are left out of a dump while they hold their
+    default, so a model that does not use them dumps exactly as before: the
+    workflow hashes node dumps (the persist digest) and measures job dumps (batch
+    sizes), and a replayed history must see the same bytes.
+    """
+
+    _new_fields: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_new_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in self._new_fields:
+                if name in data and getattr(self, name) == type(self).model_fields[name].default:
+                    del data[name]
+        return data
+
+
 def _no_control(value: str, what: str) -> str:
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ValueError(f"{what} must not contain control characters")
     return value
 
 
-class GpuRequest(_Model):
-    """GPUs one task needs: whole devices, each with at least ``memory`` MiB."""
+class GpuRequest(_Evolving):
+    """GPUs one task needs: whole devices, each with at least ``memory`` MiB.
+
+    ``milli`` asks a share of one device instead (``{count: 1, milli: 300}``: 30%
+    of one GPU, the Alibaba trace's ``gpu_milli``); several shared tasks then fit
+    on one device as long as their shares sum to at most 1000. 0 (the default) and
+    1000 both mean whole devices, so a spec written before sharing existed keeps
+    its meaning.
+    """
+
+    _new_fields = ("milli",)
 
     count: Int = Field(default=0, ge=0, le=MAX_GPUS)
+    milli: Int = Field(default=0, ge=0, le=GPU_MILLI)
     memory: Memory = 0
     models: tuple[Name, ...] = Field(default=(), max_length=32)
+
+    @model_validator(mode="after")
+    def _share_of_one(self) -> Self:
+        if 0 < self.milli < GPU_MILLI and self.count != 1:
+            raise ValueError(
+                f"a GPU share (milli {self.milli}) is a share of one device: count must be 1, "
+                f"got {self.count}"
+            )
+        return self
+
+    @property
+    def shared(self) -> int:
+        """The share of one device this task asks (1..999), 0 for whole devices."""
+        return self.milli if 0 < self.milli < GPU_MILLI else 0
 
 
 class Resources(_Model):
@@ -216,9 +277,7 @@ class AutoscalePolicy(_Model):
     target: Float = Field(default=0.6, gt=0, le=1)
     tolerance: Float = Field(default=0.1, ge=0, lt=1)
     stabilization_window: Seconds = 300.0
-    # not ``Seconds = Field(ge=1)``: the annotation's own ``ge=0`` wins over a ``ge``
-    # given again, and an interval of 0 would evaluate metrics on every pass
-    interval: Annotated[float, Strict(), Field(ge=1, le=365 * 24 * 3600)] = 60.0
+    interval: Seconds = Field(default=60.0, ge=1)
 
     @model_validator(mode="after")
     def _thresholds(self) -> Self:
@@ -227,11 +286,54 @@ class AutoscalePolicy(_Model):
         return self
 
 
-class TaskGroup(_Model):
+class Taint(_Model):
+    """A Kubernetes-style ``NoSchedule`` taint: only replicas whose group tolerates
+    it are placed on the node (a hard pool, e.g. ``{key: gpu, value: "true"}``).
+    Replicas already bound stay (``NoSchedule`` does not evict)."""
+
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+    value: Annotated[str, Field(max_length=253)] = ""
+    effect: Literal["NoSchedule"] = "NoSchedule"
+
+
+class Toleration(_Model):
+    """Lets a group's replicas onto nodes with a matching taint (``Equal``: same key
+    and value; ``Exists``: any value of the key, or every taint when key is empty)."""
+
+    key: Annotated[str, Field(max_length=253)] = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: Annotated[str, Field(max_length=253)] = ""
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if self.operator == "Equal" and not self.key:
+            raise ValueError("operator Equal needs a key")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value")
+        return self
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+def tolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> Taint | None:
+    """The first taint no toleration matches, None when all are tolerated."""
+    for t in taints:
+        if not any(tol.tolerates(t) for tol in tolerations):
+            return t
+    return None
+
+
+class TaskGroup(_Evolving):
+    _new_fields = ("tolerations",)
+
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
     scaling: ScalingPolicy = ScalingPolicy()
     constraints: tuple[Constraint, ...] = Field(default=(), max_length=64)
+    tolerations: tuple[Toleration, ...] = Field(default=(), max_length=MAX_TAINTS)
     reschedule: ReschedulePolicy = ReschedulePolicy()
     autoscale: AutoscalePolicy | None = None
 
@@ -249,13 +351,25 @@ class TaskGroup(_Model):
     def request(self) -> Request:
         """One replica's needs: the sum of its tasks (GPU memory: the largest).
 
+        Shared GPU tasks of one replica share one device when their shares sum to
+        less than a device and the replica asks no whole device; otherwise each
+        share is rounded up to whole devices (a replica's tasks run together, so a
+        share beside whole devices would only fragment a further device).
+
         Cached on the (immutable) group: a pass asks every group for it, and the
-        workflow keeps its jobs across passes."""
+        workflow keeps its jobs across passes.
+        """
         return self._request
 
     @cached_property
     def _request(self) -> Request:
-        gpu_count = sum(t.resources.gpu.count for t in self.tasks)
+        whole = sum(t.resources.gpu.count for t in self.tasks if not t.resources.gpu.shared)
+        share = sum(t.resources.gpu.shared for t in self.tasks)
+        gpu_milli = 0
+        if share and not whole and share < GPU_MILLI:
+            gpu_count, gpu_milli = 1, share
+        else:
+            gpu_count = whole + -(-share // GPU_MILLI)
         gpu_memory = max(t.resources.gpu.memory for t in self.tasks)
         allowed: set[str] | None = None  # None: no task restricts the model
         for task in self.tasks:
@@ -268,6 +382,8 @@ class TaskGroup(_Model):
             gpu=gpu_count,
             gpu_memory=gpu_memory,
             gpu_models=tuple(sorted(allowed or ())),
+            gpu_milli=gpu_milli,
+            tolerations=self.tolerations,
         )
 
 
@@ -337,6 +453,9 @@ def _json_bound(job: Job) -> int:
         for con in g.constraints:
             fixed += 64 + 8 * len(con.values)
             chars += len(con.label) + sum(map(len, con.values))
+        for tol in g.tolerations:
+            fixed += 64
+            chars += len(tol.key) + len(tol.value)
         for t in g.tasks:
             words = (*(t.command or ()), *t.args, *t.env, *t.env.values(), *t.resources.gpu.models)
             fixed += 512 + 8 * len(words)
@@ -345,13 +464,25 @@ def _json_bound(job: Job) -> int:
 
 
 class Request(_Model):
-    """What one replica of a group needs from a node (derived, never user-written)."""
+    """What one replica of a group needs from a node (derived, never user-written).
+
+    ``gpu_milli`` 1..999 (with ``gpu`` 1) asks a share of one device; 0 asks
+    ``gpu`` whole devices. ``tolerations`` are the group's: taints are a static
+    rule like GPU models, so they belong to the equivalence class.
+    """
 
     cpu: Int
     memory: Int
     gpu: Int = 0
     gpu_memory: Int = 0
     gpu_models: tuple[str, ...] = ()
+    gpu_milli: Int = 0
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def milli(self) -> int:
+        """Milli-GPU asked in all: a share, or 1000 per whole device."""
+        return self.gpu_milli if self.gpu_milli else GPU_MILLI * self.gpu
 
 
 class GpuDevice(_Model):
@@ -366,7 +497,9 @@ class NodeState(StrEnum):
     LOST = "lost"
 
 
-class Node(_Model):
+class Node(_Evolving):
+    _new_fields = ("taints",)
+
     id: Name
     cpu: Cpu
     memory: Memory
@@ -374,6 +507,7 @@ class Node(_Model):
     labels: dict[Annotated[str, Field(min_length=1, max_length=253)], ShortStr] = Field(
         default_factory=dict, max_length=MAX_LABELS
     )
+    taints: tuple[Taint, ...] = Field(default=(), max_length=MAX_TAINTS)
     state: NodeState = NodeState.READY
 
     @model_validator(mode="after")
@@ -398,8 +532,10 @@ def workload_id(job: str, group: str, ordinal: int) -> str:
     return f"{job}/{group}/{ordinal}"
 
 
-class Assignment(_Model):
+class Assignment(_Evolving):
     """One replica bound to one node (and, for GPU work, to exact device ids)."""
+
+    _new_fields = ("gpu_milli",)
 
     workload_id: str
     job: str
@@ -410,6 +546,8 @@ class Assignment(_Model):
     cpu: Int
     memory: Int
     status: AssignmentStatus = AssignmentStatus.PENDING
+    #: The share of its one device a shared replica holds (1..999); 0 = whole devices.
+    gpu_milli: Int = Field(default=0, ge=0, lt=GPU_MILLI)
 
     @model_validator(mode="after")
     def _id_matches(self) -> Self:

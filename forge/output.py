@@ -25,6 +25,7 @@ from forge.models import Job, Node
 
 if TYPE_CHECKING:
     from forge.contract import AssignmentView, Explanation, JobResult, StatusView
+    from forge.placement import Binding
     from forge.reconcile import Plan
 
 __all__ = [
@@ -107,7 +108,7 @@ def gib(mib: int) -> str:
     return f"{value:.1f}".removesuffix(".0")
 
 
-def _pct(used: int, total: int) -> str:
+def _pct(used: float, total: int) -> str:
     return f"{100 * used / total:.0f}%" if total else "-"
 
 
@@ -167,12 +168,22 @@ def _reasons_table(pending: Sequence[tuple[str, Sequence[str]]], total: int) -> 
 # --------------------------------------------------------------------------- plan
 
 
+def _milli(b: Binding) -> int:
+    """Milli-GPU a binding holds: its share, or 1000 per whole device."""
+    return b.gpu_milli if b.gpu_milli else 1000 * len(b.gpu_ids)
+
+
+def _gpus(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
+
+
 def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
     """The ``forge plan --json`` object (documented in ``forge plan --help``)."""
     nodes_used = {b.node for b in plan.bindings.values()}
     return {
         "placements": [
             {"workload_id": b.workload_id, "node": b.node, "gpu_ids": list(b.gpu_ids)}
+            | ({"gpu_milli": b.gpu_milli} if b.gpu_milli else {})
             for b in plan.placed
         ],
         "pending": [
@@ -183,7 +194,9 @@ def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
             "placed": len(plan.placed),
             "pending": len(plan.pending),
             "nodes_used": len(nodes_used),
-            "gpus_used": sum(len(b.gpu_ids) for b in plan.bindings.values()),
+            # devices holding anything (a shared device counts once) and milli-GPU held
+            "gpus_used": len({(b.node, g) for b in plan.bindings.values() for g in b.gpu_ids}),
+            "gpu_milli_used": sum(_milli(b) for b in plan.bindings.values()),
             "seconds": round(seconds, 6),
         },
     }
@@ -199,21 +212,21 @@ def plan_text(
         acc[0] += 1
         acc[1] += b.cpu
         acc[2] += b.memory
-        acc[3] += len(b.gpu_ids)
+        acc[3] += _milli(b)
     by_id = {n.id: n for n in nodes}
     total_cpu = sum(n.cpu for n in nodes)
     total_mem = sum(n.memory for n in nodes)
     total_gpu = sum(len(n.gpus) for n in nodes)
     used_cpu = sum(a[1] for a in per_node.values())
     used_mem = sum(a[2] for a in per_node.values())
-    used_gpu = sum(a[3] for a in per_node.values())
+    used_gpu = sum(a[3] for a in per_node.values()) / 1000  # milli-GPU: shares count as shares
     sample = "all nodes" if candidates == 0 else f"{candidates} candidates"
     lines = [
         f"planned {plan.desired:,} replicas on {len(nodes):,} nodes in {seconds:.2f} s "
         f"({algorithm}, {sample}): {len(plan.placed):,} placed, {len(plan.pending):,} pending",
         f"allocated: cpu {cores(used_cpu)}/{cores(total_cpu)} cores ({_pct(used_cpu, total_cpu)}), "
         f"memory {gib(used_mem)}/{gib(total_mem)} GiB ({_pct(used_mem, total_mem)}), "
-        f"gpus {used_gpu:,}/{total_gpu:,} ({_pct(used_gpu, total_gpu)})",
+        f"gpus {_gpus(used_gpu)}/{total_gpu:,} ({_pct(used_gpu, total_gpu)})",
     ]
     if per_node:
         counts = sorted(a[0] for a in per_node.values())
@@ -231,7 +244,7 @@ def plan_text(
                     n,
                     f"{cores(cpu)}/{cores(node.cpu)}",
                     f"{gib(mem)}/{gib(node.memory)}",
-                    f"{gpus}/{len(node.gpus)}",
+                    f"{_gpus(gpus / 1000)}/{len(node.gpus)}",
                 )
             )
         lines += ["", f"busiest nodes (top {min(TOP, len(per_node))} by replicas placed):"]

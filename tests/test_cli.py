@@ -179,14 +179,22 @@ def test_plan_json_has_the_documented_shape_and_respects_capacity(
         assert (code, err) == (0, "")
         doc = json.loads(out)  # exactly one JSON document
         assert set(doc) == {"placements", "pending", "summary"}
-        assert set(doc["summary"]) == {"placed", "pending", "nodes_used", "gpus_used", "seconds"}
+        assert set(doc["summary"]) == {
+            "placed",
+            "pending",
+            "nodes_used",
+            "gpus_used",
+            "gpu_milli_used",
+            "seconds",
+        }
         job_specs = load_jobs(jobs_file)
         replicas = sum(g.scaling.desired for j in job_specs for g in j.groups)
         s = doc["summary"]
         assert s["placed"] == len(doc["placements"]) and s["pending"] == len(doc["pending"])
         assert s["placed"] + s["pending"] == replicas
         assert s["nodes_used"] == len({p["node"] for p in doc["placements"]})
-        assert s["gpus_used"] == sum(len(p["gpu_ids"]) for p in doc["placements"])
+        assert s["gpus_used"] == sum(len(p["gpu_ids"]) for p in doc["placements"])  # no shares
+        assert s["gpu_milli_used"] == 1000 * s["gpus_used"]
         assert s["seconds"] >= 0
         for p in doc["placements"]:
             assert set(p) == {"workload_id", "node", "gpu_ids"}

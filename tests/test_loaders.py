@@ -490,10 +490,11 @@ def test_the_pod_csv_loads_as_one_job_per_pod_in_arrival_order() -> None:
     assert task.resources.gpu.models == ("V100M16", "V100M32")  # deduplicated, in order
 
 
-def test_pod_csv_maps_fractional_gpus_to_whole_devices_and_zero_memory_to_one() -> None:
+def test_pod_csv_maps_gpu_milli_to_a_share_and_zero_memory_to_one() -> None:
     by_id = {j.id: j for j in load_jobs(FIXTURES / "trace_pods.csv")}
     shared = by_id["openb-pod-0001"].groups[0].tasks[0].resources
-    assert (shared.gpu.count, shared.gpu.models) == (1, ())  # gpu_milli 460: one whole GPU
+    assert (shared.gpu.count, shared.gpu.milli, shared.gpu.models) == (1, 460, ())
+    assert by_id["openb-pod-0001"].groups[0].request().gpu_milli == 460
     assert by_id["openb-pod-0002"].groups[0].tasks[0].resources.gpu.count == 0
     assert by_id["openb-pod-0003"].groups[0].tasks[0].resources.memory == 1
 

@@ -263,7 +263,7 @@ def test_scores_are_bounded_and_the_fast_path_agrees(
 
 def test_unknown_algorithm_is_rejected() -> None:
     with pytest.raises(ValueError, match="binpack, spread"):
-        scorers_for("random")
+        scorers_for("worst-fit")
 
 
 def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:

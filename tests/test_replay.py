@@ -76,10 +76,10 @@ class _RandomModule:
     Random = _ReversedShuffle
 
 
-def _no_gpu_preservation(algorithm: str) -> tuple[scorers.Weighted, ...]:
+def _no_gpu_preservation(algorithm: str, **kw: Any) -> tuple[scorers.Weighted, ...]:
     return tuple(
         scorers.Weighted(w.scorer, 0.0 if w.scorer.name == "gpu-preserve" else w.weight)
-        for w in scorers.scorers_for(algorithm)
+        for w in scorers.scorers_for(algorithm, **kw)
     )
 
 
@@ -94,7 +94,7 @@ CHANGES: dict[str, list[tuple[object, str, object]]] = {
         (select, "_fast_scorer", lambda chain: None),
     ],
     "scorer: spread instead of binpack": [
-        (select, "scorers_for", lambda algorithm: scorers.scorers_for("spread")),
+        (select, "scorers_for", lambda algorithm, **kw: scorers.scorers_for("spread")),
         (select, "_fast_scorer", lambda chain: None),
     ],
     "node tie-break: shuffle order reversed": [(select, "random", _RandomModule)],

@@ -3,7 +3,12 @@
 Each filter is a small named rule (Kubernetes' Filter extension point, Nomad's
 feasibility checkers). The selector runs a fast inlined check on its hot path and
 uses this chain only to explain a failure, so the reasons a user reads come from
-the same rules that decided.
+the same rules that decided (capacity through :meth:`NodeAlloc.fits`'s own
+quantities: ``cpu_room``, ``mem_room``, per-device free milli-GPU).
+
+A reason may carry per-node detail in parentheses (``insufficient gpu share
+(gpu3: 300 free < 500 asked)``); :func:`diagnose` counts reasons by the part
+before it, so a cluster-wide summary stays a handful of categories.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge.models import Constraint, NodeState, Request
+from forge.models import Constraint, NodeState, Request, tolerated
 from forge.placement.state import NodeAlloc
 
 __all__ = [
     "DEFAULT_FILTERS",
+    "INSUFFICIENT_CPU",
+    "INSUFFICIENT_GPU",
+    "INSUFFICIENT_MEMORY",
     "STATIC_FILTERS",
     "ConstraintFilter",
     "CpuFilter",
@@ -28,9 +36,11 @@ __all__ = [
     "GpuModelFilter",
     "MemoryFilter",
     "NodeStateFilter",
+    "TaintFilter",
     "diagnose",
     "explain_node",
     "format_reasons",
+    "reason_category",
 ]
 
 
@@ -68,6 +78,16 @@ class ConstraintFilter:
         return None
 
 
+class TaintFilter:
+    name = "taints"
+
+    def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
+        taint = tolerated(node.node.taints, req.tolerations)
+        if taint is None:
+            return None
+        return f"untolerated taint ({taint.key}={taint.value}:{taint.effect})"
+
+
 class GpuModelFilter:
     name = "gpu-model"
 
@@ -94,27 +114,58 @@ class GpuCountFilter:
     def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
         if not req.gpu:
             return None
-        return None if len(node.matching_gpus(req, free_only=True)) >= req.gpu else INSUFFICIENT_GPU
+        if req.gpu_milli:
+            if node.shared_gpus(req):
+                return None
+            # the matching devices with the most room first: what a user can act on
+            devs = node.matching_gpus(req, free_only=False)
+            devs.sort(key=lambda i: (-node.gpu_left[i], i))
+            shown = ", ".join(
+                f"{node.node.gpus[i].id}: {node.gpu_left[i]} free < {req.gpu_milli} asked"
+                for i in devs[:3]
+            )
+            more = f", +{len(devs) - 3} more" if len(devs) > 3 else ""
+            return f"insufficient gpu share ({shown}{more})"
+        return (
+            None
+            if len(node.matching_gpus(req, free_only=True)) >= req.gpu
+            else ("insufficient gpu")
+        )
 
 
 class CpuFilter:
     name = "cpu"
 
     def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
-        return None if node.cpu_free >= req.cpu else INSUFFICIENT_CPU
+        if node.cpu_free < req.cpu:
+            return "insufficient cpu"
+        if node.cpu_room(req) < req.cpu:
+            return (
+                f"cpu reserved for free gpus ({node.cpu_free}m free, {node.res_cpu}m reserved "
+                f"< {req.cpu}m asked)"
+            )
+        return None
 
 
 class MemoryFilter:
     name = "memory"
 
     def check(self, node: NodeAlloc, req: Request, constraints: Sequence[Constraint]) -> str | None:
-        return None if node.mem_free >= req.memory else INSUFFICIENT_MEMORY
+        if node.mem_free < req.memory:
+            return "insufficient memory"
+        if node.mem_room(req) < req.memory:
+            return (
+                f"memory reserved for free gpus ({node.mem_free}MiB free, {node.res_mem}MiB "
+                f"reserved < {req.memory}MiB asked)"
+            )
+        return None
 
 
 #: Static rules first (they never change within a pass), then capacity.
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     NodeStateFilter(),
     ConstraintFilter(),
+    TaintFilter(),
     GpuModelFilter(),
     GpuMemoryFilter(),
     GpuCountFilter(),
@@ -125,7 +176,7 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
 
 #: The rules that cannot change within a pass (no capacity in them): a node they
 #: reject is out for every replica with the same rules, whatever is placed.
-STATIC_FILTERS: tuple[Filter, ...] = DEFAULT_FILTERS[:4]
+STATIC_FILTERS: tuple[Filter, ...] = DEFAULT_FILTERS[:5]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +218,8 @@ def diagnose(
     constraints: Sequence[Constraint],
     filters: Sequence[Filter] = DEFAULT_FILTERS,
 ) -> tuple[int, Counter[str]]:
-    """How many nodes fit, and the first rejecting reason counted over the others."""
+    """How many nodes fit, and the first rejecting reason counted over the others
+    (by category: a reason's per-node detail in parentheses is left out)."""
     fit = 0
     reasons: Counter[str] = Counter()
     for n in nodes:
@@ -175,8 +227,14 @@ def diagnose(
         if reason is None:
             fit += 1
         else:
-            reasons[reason] += 1
+            reasons[reason_category(reason)] += 1
     return fit, reasons
+
+
+def reason_category(reason: str) -> str:
+    """``insufficient gpu share (gpu3: 300 free < 500 asked)`` -> ``insufficient gpu share``."""
+    cut = reason.find(" (")
+    return reason if cut < 0 else reason[:cut]
 
 
 def format_reasons(total: int, fit: int, reasons: Counter[str]) -> str:

@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge.models import Request
+from forge.models import GPU_MILLI, Request
 from forge.placement.state import NodeAlloc
 
 __all__ = [
     "ALGORITHMS",
     "BinPack",
     "GpuPreserve",
+    "PackUsed",
     "Scorer",
     "Spread",
     "Weighted",
@@ -42,7 +43,9 @@ def utilisation_after(node: NodeAlloc, req: Request) -> float:
     total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0
     weights = 2.0
     if n.gpus:
-        total += GPU_WEIGHT * (node.gpus_used + req.gpu) / len(n.gpus)
+        # in milli-GPU: the same quotient as whole devices when nothing is shared
+        cap = GPU_MILLI * len(n.gpus)
+        total += GPU_WEIGHT * (cap - node.milli_free + req.milli) / cap
         weights += GPU_WEIGHT
     return total / weights
 
@@ -54,6 +57,22 @@ class BinPack:
 
     def score(self, node: NodeAlloc, req: Request) -> float:
         return 100.0 * min(1.0, utilisation_after(node, req))
+
+
+class PackUsed:
+    """binpack from placement version 2: a node already in use beats every empty
+    node (the fuller the better, as :class:`BinPack`), and when a node must be
+    opened, the largest one. Scoring utilisation alone opens the smallest empty
+    node (a small replica fills it most), which costs nodes; the original's
+    exhaustive bin-pack avoided that by scoring utilisation before placing."""
+
+    name = "binpack-v2"
+
+    def score(self, node: NodeAlloc, req: Request) -> float:
+        util = 100.0 * min(1.0, utilisation_after(node, req))
+        if node.cpu_used or node.mem_used or node.gpus_used:
+            return 50.0 + util / 2.0
+        return (100.0 - util) / 2.0
 
 
 class Spread:
@@ -83,14 +102,58 @@ class Weighted:
     weight: float
 
 
-ALGORITHMS = ("binpack", "spread")
+ALGORITHMS = (
+    "binpack",
+    "spread",
+    "fgd",
+    "best-fit",
+    "dot-product",
+    "gpu-packing",
+    "gpu-clustering",
+    "random",
+)
 
 
-def scorers_for(algorithm: str) -> tuple[Weighted, ...]:
+def scorers_for(
+    algorithm: str,
+    *,
+    version: int = 1,
+    workload: Sequence[tuple[Request, float]] = (),
+    seed: int = 0,
+) -> tuple[Weighted, ...]:
+    """The scorer chain of an algorithm.
+
+    ``version`` 1 is the chain old workflow histories were made with (binpack and
+    spread with :class:`GpuPreserve`); from 2 the GPU reservation in the fit kernel
+    keeps GPU nodes for GPU work, so the preference is dropped (it cost nodes and
+    placed no more GPU work) and binpack fills nodes in use before it opens one
+    (:class:`PackUsed`). ``workload`` (requests with their weights) is what
+    :class:`forge.placement.fragmentation.Fgd` expects to arrive; ``seed`` seeds ``random``.
+    """
     if algorithm == "binpack":
+        if version >= 2:
+            return (Weighted(PackUsed(), 1.0),)
         return (Weighted(BinPack(), 1.0), Weighted(GpuPreserve(), 1.0))
     if algorithm == "spread":
+        if version >= 2:
+            return (Weighted(Spread(), 1.0),)
         return (Weighted(Spread(), 1.0), Weighted(GpuPreserve(), 1.0))
+    # the GPU-sharing policies build on this module (imported late: no cycle)
+    from forge.placement import gpu
+    from forge.placement.fragmentation import Fgd
+
+    if algorithm == "fgd":
+        return (Weighted(Fgd(workload), 1.0),)
+    if algorithm == "best-fit":
+        return (Weighted(gpu.BestFit(), 1.0),)
+    if algorithm == "dot-product":
+        return (Weighted(gpu.DotProduct(), 1.0),)
+    if algorithm == "gpu-packing":
+        return (Weighted(gpu.GpuPacking(), 1.0),)
+    if algorithm == "gpu-clustering":
+        return (Weighted(gpu.GpuClustering(), 1.0),)
+    if algorithm == "random":
+        return (Weighted(gpu.RandomFit(seed), 1.0),)
     raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
 
 

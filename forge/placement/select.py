@@ -26,6 +26,12 @@ remaining nodes of a recently used class with the same static rules and a
 request no larger (every node full for that one is full for this one too): a
 50,000-replica pass then scans each node about once per class instead of once
 per replica, with the same choices (bench/placement.py measures it).
+
+The GPU reservation (``Cluster(gpu_reserve=...)``) is the one exception to
+"placements only consume capacity": taking a GPU frees its reservation, so a GPU
+replica that asks less cpu or memory than its share gives work without GPUs more
+room on that node. The placer records such nodes (``_revived``) and a class of
+GPU-less work re-admits them before its next search, so completeness holds.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-from forge.models import Constraint, Request
+from forge.models import GPU_MILLI, Constraint, Request, tolerated
 from forge.placement.filters import (
     INSUFFICIENT_CPU,
     INSUFFICIENT_GPU,
@@ -48,6 +55,24 @@ from forge.placement.filters import (
 from forge.placement.scorers import GPU_WEIGHT, Weighted, combined, scorers_for
 from forge.placement.state import Cluster, NodeAlloc
 
+#: A request with its weight in the workload (how many replicas ask it).
+Typical = tuple[Request, float]
+
+
+@runtime_checkable
+class _PicksDevice(Protocol):
+    """A scorer that also chooses the device of a shared request (fgd)."""
+
+    def device(self, node: NodeAlloc, req: Request) -> int | None: ...
+
+
+@runtime_checkable
+class _Observes(Protocol):
+    """A scorer that learns from the placements made (gpu-clustering)."""
+
+    def placed(self, node: NodeAlloc, req: Request) -> None: ...
+
+
 __all__ = ["DEFAULT_CANDIDATES", "Choice", "Placer"]
 
 DEFAULT_CANDIDATES = 8
@@ -55,9 +80,17 @@ DEFAULT_CANDIDATES = 8
 # (0..100), so any other feasible node in the window wins over it.
 AVOID_PENALTY = 1000.0
 REBASE_PEERS = 16  # binpack: recently used classes a (re)starting class may learn from
+_NO_GPU = Request(cpu=0, memory=0)  # asks what room a node has for work without GPUs
 #: Work units: one per node checked or scored in Python; copying node lists (a C
 #: loop) costs about this many nodes per unit.
 COPY_PER_UNIT = 16
+#: Why a class dropped a node for capacity (the filter chain's order), by code.
+_CAPACITY_REASONS = (
+    INSUFFICIENT_GPU,
+    INSUFFICIENT_CPU,
+    INSUFFICIENT_MEMORY,
+    "cpu or memory reserved for free gpus",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +114,20 @@ class _Class:
         "cands",
         "dead",
         "exhausted",
+        "extra",
         "frontier",
         "ptr",
         "rejected",
+        "revived",
         "why",
         "window",
     )
 
-    def __init__(self, cands: list[NodeAlloc]) -> None:
+    def __init__(self, cands: list[NodeAlloc], revived: int = 0) -> None:
         self.cands = cands
+        self.revived = revived  # how much of Placer._revived this class has seen
+        # binpack: re-admitted nodes waiting for room in the window (see _readmit)
+        self.extra: list[NodeAlloc] = []
         self.alive = bytearray(b"\x01") * len(cands)
         self.dead = 0
         self.ptr = 0
@@ -97,23 +135,28 @@ class _Class:
         self.frontier = 0
         self.exhausted = False
         self.why: Diagnosis | None = None
-        # Nodes this class dropped for capacity, by the first rule that failed
-        # (gpu, cpu, memory: the filter chain's order), counted as the scan drops
-        # them: when the class runs out, that is its diagnosis, without a second
-        # sweep over the nodes.
-        self.rejected = [0, 0, 0]
+        # Nodes this class dropped for capacity (node index -> reason code), noted as
+        # the scan drops them: when the class runs out, that is its diagnosis,
+        # without a second sweep over the nodes (a re-admitted node leaves it).
+        self.rejected: dict[int, int] = {}
 
     def reject(self, node: NodeAlloc, req: Request) -> None:
         n = node.node
-        if req.gpu and (
-            len(n.gpus) - node.gpus_used < req.gpu
-            or len(node.matching_gpus(req, free_only=True)) < req.gpu
+        if req.gpu and not (
+            len(n.gpus) - node.gpus_used >= req.gpu
+            if not req.gpu_milli
+            else bool(node.shared_gpus(req))
         ):
-            self.rejected[0] += 1
+            code = 0
         elif n.cpu - node.cpu_used < req.cpu:
-            self.rejected[1] += 1
+            code = 1
+        elif n.memory - node.mem_used < req.memory:
+            code = 2
+        elif req.gpu:
+            code = 0  # a device rule (model, memory) on the free ones
         else:
-            self.rejected[2] += 1
+            code = 3
+        self.rejected[node.index] = code
 
     def compact(self) -> None:
         keep = [n for i, n in enumerate(self.cands) if self.alive[i]]
@@ -139,16 +182,31 @@ class Placer:
         algorithm: str = "binpack",
         candidates: int = DEFAULT_CANDIDATES,
         seed: int = 0,
+        version: int = 1,
+        workload: Sequence[Typical] = (),
     ) -> None:
         self.cluster = cluster
         self.algorithm = algorithm
-        self.scorers: tuple[Weighted, ...] = scorers_for(algorithm)
+        self.scorers: tuple[Weighted, ...] = scorers_for(
+            algorithm, version=version, workload=workload, seed=seed
+        )
         self.candidates = candidates
         self._fast = _fast_scorer(self.scorers)
+        # a scorer that also picks the device of a shared (fractional) request
+        self._device: _PicksDevice | None = next(
+            (w.scorer for w in self.scorers if isinstance(w.scorer, _PicksDevice)), None
+        )
+        # scorers that learn from placements (gpu-clustering)
+        self._observers = [w.scorer for w in self.scorers if isinstance(w.scorer, _Observes)]
+        # nodes where a GPU placement gave GPU-less work more room (module docstring)
+        self._revived: list[NodeAlloc] = []
+        self._reserving = any(n.reserve for n in cluster.nodes)
+        self._gpu_first = version >= 2
         order = list(cluster.nodes)
         random.Random(seed).shuffle(order)
         self._order = order
         self._static: dict[tuple[object, ...], list[NodeAlloc]] = {}
+        self._static_ids: dict[tuple[object, ...], set[int]] = {}
         self._classes: dict[tuple[Request, tuple[Constraint, ...]], _Class] = {}
         # the reconcile pass places a group's replicas one after another with the
         # same request object: remember the last class (hashing a pydantic model
@@ -159,11 +217,11 @@ class Placer:
         self.scored = 0  # how many node scores were computed (for benchmarks)
         # Deterministic work done so far (node checks and scores): what a caller
         # budgets a pass by, since wall time differs between a run and its replay.
-        self.work = len(order) // COPY_PER_UNIT  # the shuffle
+        self.work = len(order) // COPY_PER_UNIT
         self._static_why: dict[tuple[object, ...], dict[str, int]] = {}
-        self._ready_nodes: list[NodeAlloc] | None = None
         self._tallies: tuple[dict[str, int], dict[int, int]] | None = None
         self._most_gpus = max((len(n.node.gpus) for n in order), default=0)
+        self._tainted = any(n.node.taints for n in order)
 
     # -- public -------------------------------------------------------------------
     def place(
@@ -175,14 +233,20 @@ class Placer:
     ) -> Choice | None:
         """Bind one replica to the best node found, or None if no node can take it."""
         cls = self._class(req, constraints)
+        if not req.gpu and cls.revived < len(self._revived):
+            self._readmit(cls, req, constraints)
         if cls.exhausted:
             return None
         fast = self._fast
         if fast is not None and not fast.spread:
             best_pos, best, best_score = self._best_in_window(cls, req, avoid)
+            while best is None and cls.extra:  # the window emptied: re-admitted nodes next
+                best_pos, best, best_score = self._best_in_window(cls, req, avoid)
         else:
             best_pos, best, best_score = -1, None, -1e18
             found = self._scan(cls, req)
+            while not found and cls.extra:
+                found = self._scan(cls, req)
             for pos, node in found:
                 s = fast(node, req) if fast is not None else combined(node, req, self.scorers)
                 if avoid is not None and node.node.id == avoid:
@@ -193,17 +257,56 @@ class Placer:
         if best is None:
             cls.exhausted = True
             counts = dict(self._static_reasons(req, constraints))
-            for reason, n in zip(_CAPACITY_REASONS, cls.rejected, strict=True):
-                if n:
-                    counts[reason] = counts.get(reason, 0) + n
+            for code in cls.rejected.values():
+                reason = _CAPACITY_REASONS[code]
+                counts[reason] = counts.get(reason, 0) + 1
             cls.why = Diagnosis.of(len(self.cluster), 0, counts)
             return None
-        gpu_ids = best.allocate(req)
+        if req.gpu and self._reserving:
+            room = (best.cpu_room(_NO_GPU), best.mem_room(_NO_GPU))
+        device = None
+        if req.gpu_milli and self._device is not None:
+            device = self._device.device(best, req)
+        gpu_ids = best.allocate(req, device)
+        if (
+            req.gpu
+            and self._reserving
+            and (best.cpu_room(_NO_GPU) > room[0] or best.mem_room(_NO_GPU) > room[1])
+        ):
+            self._revived.append(best)
+        for w in self._observers:
+            w.placed(best, req)
         if self.algorithm == "spread":
             cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
             if not best.fits(req):
                 self._kill(cls, best_pos, req)
         return Choice(best, gpu_ids, best_score)
+
+    @property
+    def reserving(self) -> bool:
+        """Whether free GPUs still reserve cpu and memory in this pass."""
+        return self._reserving
+
+    def could_ever_fit(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> bool:
+        """Whether some node could take the request were it empty (static rules and
+        total capacity): a GPU replica that never could is no reason to keep the
+        reservation."""
+        return any(
+            n.node.cpu >= req.cpu and n.node.memory >= req.memory
+            for n in self._eligible(req, constraints)
+        )
+
+    def lift_reservation(self) -> None:
+        """Drop every node's GPU reservation for the rest of the pass (no GPU work
+        is waiting for it). The nodes it held back are re-admitted for classes of
+        work without GPUs, as after a GPU placement."""
+        for node in self.cluster.nodes:
+            if node.reserve:
+                node.reserve = 0
+                if node.res_cpu or node.res_mem:
+                    node.res_cpu = node.res_mem = 0
+                    self._revived.append(node)
+        self._reserving = False
 
     def why_not(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> Diagnosis:
         """Why the class found no node (``"0/3 nodes available: 2 insufficient cpu, ..."``
@@ -224,7 +327,8 @@ class Placer:
         key = (req, constraints)
         cls = self._classes.get(key)
         if cls is None:
-            cls = _Class(self._eligible(req, constraints))
+            # a new class scans every eligible node: revived ones are among them
+            cls = _Class(self._eligible(req, constraints), len(self._revived))
             self._classes[key] = cls
         if self.algorithm != "spread":
             self._rebase(req, constraints, cls)
@@ -254,14 +358,18 @@ class Placer:
         if best is not None:
             cands = [best.cands[i] for i in best.window]
             cands += best.cands[best.frontier :]
+            cands += best.extra
             cls.cands = cands
             cls.alive = bytearray(b"\x01") * len(cands)
             cls.dead = 0
             cls.window = []
             cls.frontier = 0
-            # the nodes left behind were dropped by the peer, for the reasons it counted
-            cls.rejected = list(best.rejected)
-            self.work += len(cands) // COPY_PER_UNIT
+            cls.extra = []
+            # the peer's nodes include the revived nodes it has seen, not later ones
+            cls.revived = best.revived
+            # the nodes left behind were dropped by the peer, for the reasons it noted
+            cls.rejected = dict(best.rejected)
+            self.work += (len(cands) + len(best.rejected)) // COPY_PER_UNIT
         peers.pop(id(cls), None)  # most recently used last
         peers[id(cls)] = (req, cls)
 
@@ -273,12 +381,21 @@ class Placer:
         if nodes is None:
             # the same nodes in the same order as one combined filter, each rule a
             # pass of its own so a pass without constraints or GPUs costs nothing
-            nodes = self._ready()
+            nodes = [n for n in self._order if n.schedulable]
+            self.work += len(self._order) // COPY_PER_UNIT
             if req.gpu > self._most_gpus:
                 nodes = []  # more devices than any node has: nothing to look at
+            if not req.gpu and self._gpu_first:
+                # GPU nodes first (stable: each part keeps the seeded order). GPU
+                # work opens them anyway; work without GPUs then fills what their
+                # GPUs do not reserve before it opens a CPU node.
+                nodes = [n for n in nodes if n.node.gpus] + [n for n in nodes if not n.node.gpus]
             if constraints and nodes:
                 self.work += len(nodes)
                 nodes = [n for n in nodes if all(c.matches(n.node.labels) for c in constraints)]
+            if self._tainted and any(n.node.taints for n in nodes):
+                tols = req.tolerations
+                nodes = [n for n in nodes if tolerated(n.node.taints, tols) is None]
             if req.gpu and nodes:
                 self.work += len(nodes)
                 match = bool(req.gpu_models or req.gpu_memory)  # else every device matches
@@ -289,15 +406,7 @@ class Placer:
                     and (not match or len(n.matching_gpus(req, free_only=False)) >= req.gpu)
                 ]
             self._static[skey] = nodes
-        self.work += len(nodes) // COPY_PER_UNIT
         return list(nodes)
-
-    def _ready(self) -> list[NodeAlloc]:
-        """The schedulable nodes in the pass's order (once per pass)."""
-        if self._ready_nodes is None:
-            self._ready_nodes = [n for n in self._order if n.schedulable]
-            self.work += len(self._order)
-        return self._ready_nodes
 
     def _static_reasons(self, req: Request, constraints: tuple[Constraint, ...]) -> dict[str, int]:
         """Why the nodes outside a class's static list are out, counted once per
@@ -306,11 +415,12 @@ class Placer:
         counts = self._static_why.get(skey)
         if counts is not None:
             return counts
-        if not (constraints or req.gpu_models or req.gpu_memory):
+        if not (constraints or req.gpu_models or req.gpu_memory or self._tainted):
             # the usual case needs no sweep: node states and device counts, tallied
             # once per pass, say it all
-            counts = dict(self._tally()[0])
-            short = sum(n for gpus, n in self._tally()[1].items() if gpus < req.gpu)
+            states, by_count = self._tally()
+            counts = dict(states)
+            short = sum(n for gpus, n in by_count.items() if gpus < req.gpu)
             if short:
                 counts[INSUFFICIENT_GPU] = short
             self._static_why[skey] = counts
@@ -341,6 +451,58 @@ class Placer:
             self.work += len(self.cluster.nodes)
         return self._tallies
 
+    def _readmit(self, cls: _Class, req: Request, constraints: tuple[Constraint, ...]) -> None:
+        """Give a class of GPU-less work back the nodes where GPU placements freed
+        reservation since it last looked: appended to its nodes (so its scan reaches
+        them) and, for binpack, to its window at once, so a used GPU node's spare
+        cpu is filled before the class opens another node. A node the class still
+        holds is merely checked twice."""
+        new = self._revived[cls.revived :]
+        cls.revived = len(self._revived)
+        eligible = self._eligible_ids(req, constraints)
+        seen: set[int] = set()
+        for node in new:
+            if node.index in seen or node.index not in eligible or not node.fits(req):
+                continue
+            seen.add(node.index)
+            cls.exhausted = False
+            cls.why = None
+            cls.rejected.pop(node.index, None)
+            if self.algorithm != "spread":
+                cls.extra.append(node)  # joins the window as soon as it has room
+                continue
+            cls.cands.append(node)
+            cls.alive.append(1)
+        if cls.extra:
+            self._drain(cls, req)
+
+    def _drain(self, cls: _Class, req: Request) -> None:
+        """binpack: move re-admitted nodes that fit into the window while it has
+        fewer than ``candidates`` nodes: a candidate before any node the frontier
+        has not reached (a used GPU node's spare cpu before an empty node), yet the
+        window stays bounded. A node that no longer fits is dropped: capacity only
+        shrinks until it is re-admitted again."""
+        limit = self.candidates if self.candidates > 0 else len(cls.cands) + len(cls.extra)
+        extra = cls.extra
+        k = 0
+        while k < len(extra) and len(cls.window) < limit:
+            node = extra[k]
+            k += 1
+            if node.fits(req):
+                cls.window.append(len(cls.cands))
+                cls.cands.append(node)
+                cls.alive.append(1)
+            else:
+                cls.reject(node, req)
+        del extra[:k]
+
+    def _eligible_ids(self, req: Request, constraints: tuple[Constraint, ...]) -> set[int]:
+        skey = _static_key(req, constraints)
+        ids = self._static_ids.get(skey)
+        if ids is None:
+            ids = self._static_ids[skey] = {n.index for n in self._eligible(req, constraints)}
+        return ids
+
     def _kill(self, cls: _Class, pos: int, req: Request) -> None:
         if cls.alive[pos]:
             cls.alive[pos] = 0
@@ -350,7 +512,6 @@ class Placer:
     def _scan(self, cls: _Class, req: Request) -> list[tuple[int, NodeAlloc]]:
         if self.algorithm != "spread":
             return self._scan_window(cls, req)
-        # spread: round-robin from the cursor over the nodes not yet found full
         if cls.dead > 64 and cls.dead * 2 > len(cls.cands):
             cls.compact()
         cands, alive = cls.cands, cls.alive
@@ -361,6 +522,7 @@ class Placer:
         found: list[tuple[int, NodeAlloc]] = []
         i = cls.ptr
         cpu, mem, gpu = req.cpu, req.memory, req.gpu
+        binpack = self.algorithm != "spread"
         checked = 0
         for _ in range(n):
             if alive[i]:
@@ -369,7 +531,7 @@ class Placer:
                 ok = (
                     node.node.cpu - node.cpu_used >= cpu
                     and node.node.memory - node.mem_used >= mem
-                    and (not gpu or node.fits(req))
+                    and (not (gpu or node.reserve) or node.fits(req))
                 )
                 if ok:
                     found.append((i, node))
@@ -379,6 +541,10 @@ class Placer:
                     alive[i] = 0
                     cls.dead += 1
                     cls.reject(node, req)
+                    if binpack and i == cls.ptr:
+                        cls.ptr = i + 1 if i + 1 < n else 0
+            elif binpack and i == cls.ptr:
+                cls.ptr = i + 1 if i + 1 < n else 0
             i += 1
             if i == n:
                 i = 0
@@ -395,6 +561,8 @@ class Placer:
         of the pass (placements only consume capacity), so when the frontier has
         reached the end and the window is empty, no node can take the replica.
         """
+        if cls.extra:
+            self._drain(cls, req)
         cands = cls.cands
         n = len(cands)
         limit = self.candidates if self.candidates > 0 else n
@@ -405,9 +573,19 @@ class Placer:
             if (
                 node.node.cpu - node.cpu_used >= cpu
                 and node.node.memory - node.mem_used >= mem
-                and (not gpu or node.fits(req))
+                and (not (gpu or node.reserve) or node.fits(req))
             ):
                 found.append((i, node))
+            else:
+                cls.reject(node, req)
+        checked = len(cls.window)
+        extra = cls.extra
+        while len(found) < limit and extra:  # re-admitted nodes first (_readmit)
+            node = extra.pop(0)
+            if node.fits(req):
+                found.append((len(cands), node))
+                cands.append(node)
+                cls.alive.append(1)
             else:
                 cls.reject(node, req)
         start = i = cls.frontier
@@ -416,13 +594,13 @@ class Placer:
             if (
                 node.node.cpu - node.cpu_used >= cpu
                 and node.node.memory - node.mem_used >= mem
-                and (not gpu or node.fits(req))
+                and (not (gpu or node.reserve) or node.fits(req))
             ):
                 found.append((i, node))
             else:
                 cls.reject(node, req)
             i += 1
-        self.work += len(cls.window) + (i - start) + len(found)
+        self.work += checked + (i - start) + len(found)
         cls.frontier = i
         cls.window = [pos for pos, _ in found]
         return found
@@ -433,12 +611,17 @@ class Placer:
         """binpack with the default scorers: :meth:`_scan_window` and the scoring
         of the window in one loop, with :class:`_FastScore`'s arithmetic written
         out (the hot path of a pass: the same choices, ~30% less time)."""
+        if cls.extra:
+            self._drain(cls, req)
         cands = cls.cands
         n = len(cands)
         limit = self.candidates if self.candidates > 0 else n
         cpu, mem, gpu = req.cpu, req.memory, req.gpu
+        shared, milli = bool(req.gpu_milli), req.milli
+        preserve = self._fast is not None and self._fast.preserve
         # without a model or memory rule every device matches: a free count is enough
         match = bool(req.gpu_models or req.gpu_memory)
+        extra = cls.extra
         old = cls.window
         k, n_old, i = 0, len(old), cls.frontier
         window: list[int] = []
@@ -447,6 +630,10 @@ class Placer:
             if k < n_old:  # re-check the previous window
                 pos = old[k]
                 k += 1
+            elif len(window) < limit and extra:  # then re-admitted nodes (_readmit)
+                pos = len(cands)
+                cands.append(extra.pop(0))
+                cls.alive.append(1)
             elif len(window) < limit and i < n:  # then refill it from the frontier
                 pos = i
                 i += 1
@@ -454,10 +641,20 @@ class Placer:
                 break
             node = cands[pos]
             nn = node.node
-            if (
-                nn.cpu - node.cpu_used < cpu
-                or nn.memory - node.mem_used < mem
-                or (gpu and (len(nn.gpus) - node.gpus_used < gpu or (match and not node.fits(req))))
+            if gpu:
+                if (
+                    nn.cpu - node.cpu_used < cpu
+                    or nn.memory - node.mem_used < mem
+                    or (shared and not node.fits(req))
+                    or (
+                        not shared
+                        and (len(nn.gpus) - node.gpus_used < gpu or (match and not node.fits(req)))
+                    )
+                ):
+                    cls.reject(node, req)
+                    continue
+            elif nn.cpu - node.cpu_used - node.res_cpu < cpu or (
+                nn.memory - node.mem_used - node.res_mem < mem
             ):
                 cls.reject(node, req)
                 continue
@@ -466,12 +663,21 @@ class Placer:
             total = (node.cpu_used + cpu) / nn.cpu if nn.cpu else 1.0
             total += (node.mem_used + mem) / nn.memory if nn.memory else 1.0
             if ngpu:
-                total = (total + GPU_WEIGHT * (node.gpus_used + gpu) / ngpu) / (2.0 + GPU_WEIGHT)
-                preserve = 100.0 if gpu else 100.0 * node.gpus_used / ngpu
+                # milli-GPU: the same quotient as devices when nothing is shared
+                cap = GPU_MILLI * ngpu
+                gutil = (cap - node.milli_free + milli) / cap
+                total = (total + GPU_WEIGHT * gutil) / (2.0 + GPU_WEIGHT)
+                keep = 100.0 if gpu else 100.0 * node.gpus_used / ngpu
             else:
                 total = total / 2.0
-                preserve = 100.0
-            s = (100.0 * (total if total < 1.0 else 1.0) + preserve) / 2.0
+                keep = 100.0
+            util = 100.0 * (total if total < 1.0 else 1.0)
+            if preserve:
+                s = (util + keep) / 2.0
+            elif node.cpu_used or node.mem_used or node.gpus_used:
+                s = 50.0 + util / 2.0  # a node in use beats every empty one
+            else:
+                s = (100.0 - util) / 2.0  # and if one must be opened, the largest
             if avoid is not None and nn.id == avoid:
                 s -= AVOID_PENALTY
             if s > best_score:
@@ -483,13 +689,12 @@ class Placer:
         return best_pos, best, best_score
 
 
-_CAPACITY_REASONS = (INSUFFICIENT_GPU, INSUFFICIENT_CPU, INSUFFICIENT_MEMORY)
-
-
 def _static_key(req: Request, constraints: tuple[Constraint, ...]) -> tuple[object, ...]:
     """What decides a node's static eligibility. The gpu count is part of it: a node
-    with 2 matching devices is eligible for a 1-GPU request but not a 4-GPU one."""
-    return (constraints, req.gpu_models, req.gpu_memory, req.gpu)
+    with 2 matching devices is eligible for a 1-GPU request but not a 4-GPU one. The
+    share is part of it so that binpack's rebase never learns from a request whose
+    "full" means something else (a node with no whole device free may hold a share)."""
+    return (constraints, req.gpu_models, req.gpu_memory, req.gpu, req.gpu_milli, req.tolerations)
 
 
 def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
@@ -500,14 +705,19 @@ def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
         return _FastScore(spread=False)
     if names == (("spread", 1.0), ("gpu-preserve", 1.0)):
         return _FastScore(spread=True)
+    if names == (("binpack-v2", 1.0),):
+        return _FastScore(spread=False, preserve=False)
+    if names == (("spread", 1.0),):
+        return _FastScore(spread=True, preserve=False)
     return None
 
 
 class _FastScore:
-    __slots__ = ("spread",)
+    __slots__ = ("preserve", "spread")
 
-    def __init__(self, *, spread: bool) -> None:
+    def __init__(self, *, spread: bool, preserve: bool = True) -> None:
         self.spread = spread
+        self.preserve = preserve
 
     def __call__(self, node: NodeAlloc, req: Request) -> float:
         n = node.node
@@ -515,10 +725,19 @@ class _FastScore:
         total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
         total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0
         if ngpu:
-            total = (total + GPU_WEIGHT * (node.gpus_used + req.gpu) / ngpu) / (2.0 + GPU_WEIGHT)
+            cap = GPU_MILLI * ngpu
+            gutil = (cap - node.milli_free + req.milli) / cap
+            total = (total + GPU_WEIGHT * gutil) / (2.0 + GPU_WEIGHT)
             preserve = 100.0 if req.gpu else 100.0 * node.gpus_used / ngpu
         else:
             total = total / 2.0
             preserve = 100.0
         util = 100.0 * min(1.0, total)
-        return ((100.0 - util if self.spread else util) + preserve) / 2.0
+        base = 100.0 - util if self.spread else util
+        if self.preserve:
+            return (base + preserve) / 2.0
+        if self.spread:
+            return base
+        if node.cpu_used or node.mem_used or node.gpus_used:
+            return 50.0 + base / 2.0
+        return (100.0 - base) / 2.0

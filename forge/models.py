@@ -277,7 +277,9 @@ class AutoscalePolicy(_Model):
     target: Float = Field(default=0.6, gt=0, le=1)
     tolerance: Float = Field(default=0.1, ge=0, lt=1)
     stabilization_window: Seconds = 300.0
-    interval: Seconds = Field(default=60.0, ge=1)
+    # not ``Seconds = Field(ge=1)``: the annotation's own ``ge=0`` wins over a ``ge``
+    # given again, and an interval of 0 would evaluate metrics on every pass
+    interval: Annotated[float, Strict(), Field(ge=1, le=365 * 24 * 3600)] = 60.0
 
     @model_validator(mode="after")
     def _thresholds(self) -> Self:

@@ -30,12 +30,15 @@ from temporalio.common import MetricMeter
 
 from forge import contract as c
 
-__all__ = ["Stuck", "diagnose", "recover", "watch"]
+__all__ = ["DIVERGENCE", "Stuck", "diagnose", "recover", "watch"]
 
 log = structlog.get_logger("forge.watchdog")
 
 _NDE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
 _DEADLOCK_MARK = "[TMPRL1101]"  # the SDK's code for an activation over its time limit
+#: The failure type of the workflow's own divergence check (a replay planned another
+#: delta than the store applied): nondeterminism found by Forge instead of the SDK.
+DIVERGENCE = "DivergenceError"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,10 @@ async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
         return None  # timeouts (a worker died holding the task) heal by themselves
     attrs = failed.workflow_task_failed_event_attributes
     message = attrs.failure.message
-    if attrs.cause == _NDE:
+    kind = attrs.failure.application_failure_info.type
+    if attrs.cause == _NDE or kind == DIVERGENCE:
+        # the SDK's own check, or the workflow's: the store applied another delta
+        # than this replay plans (workflows.cluster.DivergenceError)
         cause = "nondeterminism"
     elif _DEADLOCK_MARK in message:
         cause = "deadlock"

@@ -407,6 +407,8 @@ async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunR
                 attrs = ev.workflow_task_failed_event_attributes
                 cause = WorkflowTaskFailedCause.Name(attrs.cause)
                 cause = cause.removeprefix("WORKFLOW_TASK_FAILED_CAUSE_").lower()
+                if attrs.failure.application_failure_info.type == "DivergenceError":
+                    cause = "divergence"  # the workflow's own determinism check
                 if cause not in BENIGN_TASK_FAILURES:
                     failures.append((cause, attrs.failure.message[:300]))
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

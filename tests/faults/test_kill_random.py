@@ -453,7 +453,11 @@ async def test_kill_9_at_random_moments_keeps_every_promise(
             assert not failed and resets == 0, f"workflow tasks failed without queries: {failed}"
         for r in failed:
             causes = {cause for cause, _ in r.failures}
-            assert causes == {"non_deterministic_error"}, f"not the known signature: {r}"
+            # the SDK's nondeterminism error, or the persist digest disagreeing first
+            # (the takeover's stale clock reaches the published status)
+            assert causes <= {"non_deterministic_error", "divergence"}, (
+                f"not the known signature: {r}"
+            )
             assert r.replays_offline is not None, (
                 f"run {r.run_id} failed online but replays offline: our bug, not the SDK's: {r}"
             )

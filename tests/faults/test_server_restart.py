@@ -132,6 +132,7 @@ async def test_server_restart_resumes_the_loop_and_its_timers(tmp_path: Path) ->
             search_attributes=False,
         )
         store = open_store(f"sqlite:///{db}")
+        fc.store = store  # reads go to the store, never a query
         jobs = _jobs()
         await fc.register_nodes([node("a", cpu=4000), node("b", cpu=4000)])
         for j in jobs.values():

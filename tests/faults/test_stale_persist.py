@@ -143,6 +143,7 @@ async def test_workflow_state_survives_stale_and_newer_fences(
         search_attributes=False,
     )
     store = SqliteStore(db)
+    fc.store = store  # reads go to the store, never a query
     env = ActivityEnvironment()
     acts = StoreActivities(store)
     try:
@@ -214,6 +215,7 @@ async def test_a_fence_another_run_used_makes_the_loop_reload(
         search_attributes=False,
     )
     store = SqliteStore(db)
+    fc.store = store  # reads go to the store, never a query
     env = ActivityEnvironment()
     acts = StoreActivities(store)
     try:
@@ -267,6 +269,7 @@ async def test_reset_to_an_earlier_task_converges_with_nothing_lost(
         search_attributes=False,
     )
     store = SqliteStore(db)
+    fc.store = store  # reads go to the store, never a query
     try:
         await fc.register_nodes([node(n, cpu=8000, memory=16384) for n in ("a", "b", "c")])
         jobs = {"web": job("web", replicas=6, cpu=1000)}

@@ -82,6 +82,11 @@ async def _pending_activity(fc: ForgeClient, name: str) -> dict[str, Any]:
     raise LookupError(f"no pending {name}")
 
 
+def _holder(store: Store, cluster: str) -> str:
+    """A node that holds replicas (the first by id), per the store."""
+    return sorted({a.node for a in store.assignments(cluster, limit=1_000_000)})[0]
+
+
 async def _outage(
     fc: ForgeClient,
     store: Store,
@@ -89,13 +94,15 @@ async def _outage(
     *,
     still_down: Callable[[], Awaitable[bool]],
     readable: bool,
+    victim: str,
 ) -> dict[str, Any]:
     """What the test does while the store is unavailable; returns figures.
 
     Submits a batch (must be accepted at once: durable in history), waits until the
     pass that writes it is stuck on the store, then scales a job of that batch (the
     update must be accepted although the job is neither queued nor loaded yet), loses
-    a node that holds replicas, and checks the loop still answers queries. When the
+    a node that holds replicas (``victim``, read from the store before the outage),
+    and checks the loop still answers (describe: its summary memo). When the
     store stays ``readable`` (SQLite in WAL mode under a write lock) it also checks
     that nothing was written meanwhile."""
     out: dict[str, Any] = {}
@@ -120,12 +127,10 @@ async def _outage(
         result_type=c.JobResult,
     )
     jobs["late0"] = jobs["late0"].with_desired("main", 8)
-    shown = await fc.assignments()
-    victim = sorted({a.node for a in shown})[0]
     await fc.node_lost(victim)
     out["node_lost"] = victim
-    status = await fc.status()  # the loop is alive and answers while it waits
-    out["bound_during_outage"] = status.summary.bound
+    summary = await fc.summary()  # the loop is alive and published, store or not
+    out["bound_during_outage"] = summary.bound
     assert (await fc.handle().describe()).status == WorkflowExecutionStatus.RUNNING
     assert await still_down(), "the outage ended before the test's traffic was done"
     if readable:
@@ -149,8 +154,10 @@ async def test_sqlite_file_locked_for_seconds(
     spawn_worker(f"sqlite:///{db}")
     fc = _client(dev_env, spawn_worker.task_queue, "sqlite-locked")
     store = open_store(f"sqlite:///{db}")
+    fc.store = store  # reads go to the store, never a query
     try:
         jobs = await _setup(fc, store)
+        victim = _holder(store, fc.cluster)
         locker = sqlite3.connect(db, isolation_level=None, timeout=5)
         locker.execute("BEGIN EXCLUSIVE")
         locked_at = time.monotonic()
@@ -161,7 +168,7 @@ async def test_sqlite_file_locked_for_seconds(
             async def locked() -> bool:
                 return locker.in_transaction
 
-            during = await _outage(fc, store, jobs, still_down=locked, readable=True)
+            during = await _outage(fc, store, jobs, still_down=locked, readable=True, victim=victim)
             # Keep the fault for its planned length (a fault's duration, not a wait for
             # state), then check the writer is still waiting, not failed or retried.
             await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - locked_at)))
@@ -218,6 +225,7 @@ async def test_a_reschedule_that_falls_due_during_a_slow_persist_still_fires(
     spawn_worker(f"sqlite:///{db}")
     fc = _client(dev_env, spawn_worker.task_queue, "slow-persist")
     store = open_store(f"sqlite:///{db}")
+    fc.store = store  # reads go to the store, never a query
     delay = 1.0
     try:
         await fc.register_nodes([node("a"), node("b")])
@@ -321,9 +329,11 @@ async def test_postgres_stopped_then_started(
     spawn_worker(pg_url)
     fc = _client(dev_env, spawn_worker.task_queue, "pg-outage")
     store = open_store(pg_url)
+    fc.store = store  # reads go to the store, never a query
     counters: Counter[str] = Counter()
     try:
         jobs = await _setup(fc, store)
+        victim = _holder(store, fc.cluster)
         await asyncio.to_thread(_pg_ctl, "stop")
         stopped_at = time.monotonic()
         try:
@@ -332,7 +342,7 @@ async def test_postgres_stopped_then_started(
             async def down() -> bool:
                 return not await asyncio.to_thread(_pg_accepts)
 
-            during = await _outage(fc, store, jobs, still_down=down, readable=False)
+            during = await _outage(fc, store, jobs, still_down=down, readable=False, victim=victim)
             await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - stopped_at)))
             failing = await _pending_activity(fc, "forge.write_jobs")
             assert failing["attempt"] > 1, f"the write should fail and retry: {failing}"

@@ -31,6 +31,7 @@ from forge import contract as c
 from forge.client import ForgeClient
 from forge.models import Assignment, Node
 from forge.stores import Fence, MemoryStore, SqliteStore, Store, open_store
+from tests.e2e.procs import eventually
 from tests.faults.checks import all_assignments, all_nodes, record_figures, reset_run, settle
 from tests.workflow.harness import job, node
 
@@ -287,6 +288,13 @@ async def test_reset_to_an_earlier_task_converges_with_nothing_lost(
         assert fence is not None
 
         new_run = await reset_run(dev_env.client, fc.workflow_id, first.run_id, reset_to)
+        # what the store shows is the old run's until the reset run publishes
+        await eventually(
+            fc.status,
+            lambda s: s.summary.generation > fence.generation,
+            timeout=60,
+            what="the reset run's first published pass",
+        )
         res = await settle(fc, store, jobs, timeout=60, what="convergence after the reset")
         assert (await fc.handle().describe()).run_id == new_run
         a = next(n for n in res.status.nodes if n.id == "a")

@@ -55,8 +55,13 @@ ACT_WATCH = "forge.watch"
 ACT_READ_REPORTS = "forge.read_reports"
 ACT_METRICS = "forge.metrics"
 
-#: (job, group, ordinal, node, gpu_ids, cpu, memory, status)
-BindRow = tuple[str, str, int, str, tuple[str, ...], int, int, str]
+#: (job, group, ordinal, node, gpu_ids, cpu, memory, status[, gpu_milli]): the share
+#: of a shared GPU only when there is one, so rows (and digests) of whole-device
+#: bindings are what they always were.
+BindRow = (
+    tuple[str, str, int, str, tuple[str, ...], int, int, str]
+    | tuple[str, str, int, str, tuple[str, ...], int, int, str, int]
+)
 
 
 class _Msg(BaseModel):
@@ -155,11 +160,13 @@ class MetricsOut(_Msg):
 
 
 def row_from_assignment(a: Assignment) -> BindRow:
-    return (a.job, a.group, a.ordinal, a.node, tuple(a.gpu_ids), a.cpu, a.memory, str(a.status))
+    row = (a.job, a.group, a.ordinal, a.node, tuple(a.gpu_ids), a.cpu, a.memory, str(a.status))
+    return (*row, a.gpu_milli) if a.gpu_milli else row
 
 
 def assignment_from_row(row: BindRow, *, validate: bool) -> Assignment:
-    job, group, ordinal, node, gpu_ids, cpu, memory, status = row
+    job, group, ordinal, node, gpu_ids, cpu, memory, status = row[:8]
+    milli = row[8] if len(row) > 8 else 0
     fields: dict[str, Any] = {
         "workload_id": f"{job}/{group}/{ordinal}",
         "job": job,
@@ -170,6 +177,7 @@ def assignment_from_row(row: BindRow, *, validate: bool) -> Assignment:
         "cpu": cpu,
         "memory": memory,
         "status": AssignmentStatus(status),
+        "gpu_milli": milli,
     }
     return Assignment.model_validate(fields) if validate else Assignment.model_construct(**fields)
 

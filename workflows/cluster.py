@@ -227,9 +227,18 @@ class ClusterWorkflow:
                 ac.AssignmentRows,
                 summary="load bindings",
             )
-            for job, group, ordinal, node, gpu_ids, cpu, mem, status in rows.rows:
+            for row in rows.rows:
+                job, group, ordinal, node, gpu_ids, cpu, mem, status = row[:8]
                 b = Binding(
-                    job, group, ordinal, node, tuple(gpu_ids), cpu, mem, AssignmentStatus(status)
+                    job,
+                    group,
+                    ordinal,
+                    node,
+                    tuple(gpu_ids),
+                    cpu,
+                    mem,
+                    AssignmentStatus(status),
+                    gpu_milli=row[8] if len(row) > 8 else 0,
                 )
                 if carry is not None:
                     carry.absorb(workload_id(job, group, ordinal), b)
@@ -1152,4 +1161,5 @@ def _json_size(job: Job) -> int:
 
 
 def _row(b: Binding) -> ac.BindRow:
-    return (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, str(b.status))
+    row = (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, str(b.status))
+    return (*row, b.gpu_milli) if b.gpu_milli else row

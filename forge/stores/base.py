@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -130,6 +130,7 @@ def delta_digest(delta: Delta) -> str:
     """
     rows = [
         (a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, str(a.status))
+        + ((a.gpu_milli,) if a.gpu_milli else ())
         for a in delta.bind
     ]
     return rows_digest(
@@ -138,7 +139,7 @@ def delta_digest(delta: Delta) -> str:
 
 
 def rows_digest(
-    bind: Sequence[tuple[str, str, int, str, Sequence[str], int, int, str]],
+    bind: Sequence[tuple[Any, ...]],
     release: Sequence[str],
     nodes_upsert: Sequence[Node],
     nodes_remove: Sequence[str],

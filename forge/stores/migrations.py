@@ -120,6 +120,8 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
         # the node a task report is about: a failure reported for a replica that
         # has moved since (a replayed report) must not restart it where it is now
         "ALTER TABLE reports ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+        # a shared GPU's milli-GPU (0: whole devices), so a reload holds the share
+        "ALTER TABLE assignments ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
     ),
 )
 
@@ -201,6 +203,7 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             doc TEXT NOT NULL
         )""",
         "ALTER TABLE reports ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE assignments ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
     ),
 )
 

@@ -165,7 +165,7 @@ class _Pool:
 
 
 def _assignment(row: tuple[Any, ...]) -> Assignment:
-    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status = row
+    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli = row
     return Assignment(
         workload_id=workload,
         job=job,
@@ -176,6 +176,7 @@ def _assignment(row: tuple[Any, ...]) -> Assignment:
         cpu=cpu,
         memory=memory,
         status=AssignmentStatus(status),
+        gpu_milli=milli,
     )
 
 
@@ -369,14 +370,15 @@ class PostgresStore:
         last = {a.workload_id: a for a in binds}.values()
         cur.execute(
             "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
-            " gpu_ids, cpu, memory, status)"
-            " SELECT %s, w, j, g, o, n, gi::jsonb, c, m, s FROM unnest("
+            " gpu_ids, cpu, memory, status, gpu_milli)"
+            " SELECT %s, w, j, g, o, n, gi::jsonb, c, m, s, gm FROM unnest("
             "%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[],"
-            " %s::bigint[], %s::bigint[], %s::text[]) AS t(w, j, g, o, n, gi, c, m, s)"
+            " %s::bigint[], %s::bigint[], %s::text[], %s::int[])"
+            " AS t(w, j, g, o, n, gi, c, m, s, gm)"
             " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
             " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
             " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu, memory = excluded.memory,"
-            " status = excluded.status",
+            " status = excluded.status, gpu_milli = excluded.gpu_milli",
             (
                 cluster,
                 [a.workload_id for a in last],
@@ -388,6 +390,7 @@ class PostgresStore:
                 [a.cpu for a in last],
                 [a.memory for a in last],
                 [a.status.value for a in last],
+                [a.gpu_milli for a in last],
             ),
         )
 
@@ -403,7 +406,7 @@ class PostgresStore:
 
     def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
         rows = self._all(
-            "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status"
+            "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status, gpu_milli"
             " FROM assignments WHERE cluster = %s AND workload_id > %s"
             " ORDER BY workload_id LIMIT %s",
             (cluster, after, max(limit, 0)),

@@ -94,11 +94,12 @@ def _assignment_row(cluster: str, a: Assignment) -> tuple[Any, ...]:
         a.cpu,
         a.memory,
         a.status.value,
+        a.gpu_milli,
     )
 
 
 def _assignment(row: tuple[Any, ...]) -> Assignment:
-    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status = row
+    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli = row
     return Assignment(
         workload_id=workload,
         job=job,
@@ -109,6 +110,7 @@ def _assignment(row: tuple[Any, ...]) -> Assignment:
         cpu=cpu,
         memory=memory,
         status=AssignmentStatus(status),
+        gpu_milli=milli,
     )
 
 
@@ -320,11 +322,13 @@ class SqliteStore:
             if delta.bind:
                 db.executemany(
                     "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
-                    " gpu_ids, cpu, memory, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " gpu_ids, cpu, memory, status, gpu_milli)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
                     " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
                     " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu,"
-                    " memory = excluded.memory, status = excluded.status",
+                    " memory = excluded.memory, status = excluded.status,"
+                    " gpu_milli = excluded.gpu_milli",
                     (_assignment_row(cluster, a) for a in delta.bind),
                 )
             if delta.nodes_remove:
@@ -376,8 +380,8 @@ class SqliteStore:
         rows = (
             self._conn()
             .execute(
-                "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status"
-                " FROM assignments WHERE cluster = ? AND workload_id > ?"
+                "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status,"
+                " gpu_milli FROM assignments WHERE cluster = ? AND workload_id > ?"
                 " ORDER BY workload_id LIMIT ?",
                 (cluster, after, max(limit, 0)),
             )

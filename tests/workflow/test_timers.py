@@ -167,7 +167,13 @@ async def test_continue_as_new_moves_no_replica_and_keeps_gpu_ids(
         await fc.register_nodes([node(f"g{i}", cpu=16000, memory=65536, gpus=4) for i in range(4)])
         await fc.submit_job(job("train", replicas=5, cpu=2000, gpu=2))
         await fc.submit_job(job("infer", replicas=4, cpu=1000, gpu=1))
-        await _eventually(fc, lambda s: s.summary.bound == 9 and s.summary.pending == 0)
+        # three 0.3-GPU shares: one device between them, its share held on reload
+        share = {"cpu": 500, "memory": 512, "gpu": {"count": 1, "milli": 300}}
+        await fc.submit_job(job("share", replicas=3, tasks=[{"name": "t", "resources": share}]))
+        await _eventually(fc, lambda s: s.summary.bound == 12 and s.summary.pending == 0)
+        shared = [a for a in store.assignments(fc.cluster) if a.job == "share"]
+        assert {a.gpu_milli for a in shared} == {300}
+        assert len({(a.node, a.gpu_ids) for a in shared}) == 1, "three shares, one device"
         before = {(a.workload_id, a.node, tuple(a.gpu_ids)) for a in store.assignments(fc.cluster)}
         released = await _released(fc)
         generation = (await fc.status()).summary.generation

@@ -75,6 +75,9 @@ SA_NODES = SearchAttributeKey.for_int(c.SA_NODES)
 #: workflow.patched ids. A behaviour change to code a pass runs is guarded by one,
 #: so a history recorded before it replays with the old behaviour.
 PATCH_WORK_BUDGET = "work-budget-1"
+#: Node JSON one pass persists at most (a burst of registrations between two passes
+#: is spread over several persists, each far below Temporal's 2 MiB payload limit).
+NODE_BYTES = 512 * 1024
 #: Each pass that changes something publishes a status to the store (with its delta)
 #: and a summary memo, for readers that must not query.
 PATCH_PUBLISH = "publish-status-1"
@@ -280,9 +283,18 @@ class ClusterWorkflow:
             for node_id in news.expired:
                 self.inbox.append(("lost", node_id))
 
-        # node changes, in arrival order
+        # node changes, in arrival order; with the work budget, at most
+        # NODE_BYTES of node JSON per pass (one persist input), the rest next pass
         inbox, self.inbox = self.inbox, []
-        for op, arg in inbox:
+        chunked = workflow.patched(PATCH_WORK_BUDGET)
+        size = 0
+        for k, (op, arg) in enumerate(inbox):
+            if chunked and op == "register":
+                size += len(arg.model_dump_json())
+                if size > NODE_BYTES and k:
+                    self.inbox = inbox[k:] + self.inbox
+                    self.dirty = True
+                    break
             self._apply_node_op(op, arg, nodes_upsert, nodes_remove)
 
         # jobs, reports, metrics

@@ -85,3 +85,40 @@ async def test_status_of_a_cluster_nobody_started_is_an_error(
         assert "not found" in str(err).lower()
     else:
         raise AssertionError("status of a missing workflow answered")
+
+
+async def test_a_burst_of_node_registrations_is_persisted_in_bounded_chunks(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """1,500 nodes of ~1.5 KiB of labels each (2.2 MB) sent in three signals: no
+    persist input carries more than NODE_BYTES of nodes (plus one), all arrive."""
+    from temporalio.api.enums.v1 import EventType
+
+    from forge import activity_contract as ac
+    from workflows.cluster import NODE_BYTES
+
+    labels = {f"label-{i:02d}": "x" * 40 for i in range(24)}
+
+    def big(name: str) -> Any:
+        n = node(name)
+        return n.model_copy(update={"labels": labels})
+
+    async with cluster(skipping_env.client) as (fc, store):
+        await fc.start()
+        await asyncio.gather(
+            *(fc.register_nodes([big(f"n{b}-{i:03d}") for i in range(500)]) for b in range(3))
+        )
+        await _until(fc.status, lambda s: s.summary.nodes == 1500, "every node registered")
+        assert len(store.nodes(fc.cluster, limit=5000)) == 1500
+        sizes = []
+        async for ev in fc.handle().fetch_history_events():
+            if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                sa = ev.activity_task_scheduled_event_attributes
+                if sa.activity_type.name == ac.ACT_PERSIST:
+                    (persist,) = await fc.client.data_converter.decode(
+                        sa.input.payloads, [ac.PersistIn]
+                    )
+                    if persist.nodes_upsert:
+                        sizes.append(sum(len(n.model_dump_json()) for n in persist.nodes_upsert))
+        one = len(big("n0-000").model_dump_json())
+        assert len(sizes) >= 4 and max(sizes) <= NODE_BYTES + one, sizes

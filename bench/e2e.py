@@ -353,10 +353,7 @@ def stored_count(db: Path, cluster: str, node: str | None = None) -> int:
 async def summary(fc: ForgeClient) -> c.Summary:
     """What the last pass published (one row: cheap to poll at 300,000 replicas)."""
     doc = await fc.published()
-    return doc.summary if doc is not None else c.Summary(
-        desired=0, bound=0, pending=0, nodes=0, jobs=0, passes=0, generation=0,
-        last_pass_at=None, last_pass="",
-    )  # fmt: skip
+    return doc.summary if doc is not None else c.Summary.empty()
 
 
 async def converged(fc: ForgeClient, db: Path, n: int) -> bool:

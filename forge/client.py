@@ -362,7 +362,7 @@ class ForgeClient:
         """The loop's summary, from the workflow's memo (describe(); no store needed)."""
         desc = await self.handle().describe()
         raw = await desc.memo_value(c.MEMO_SUMMARY, None)
-        return c.Summary.model_validate(raw) if raw is not None else _NO_SUMMARY
+        return c.Summary.model_validate(raw) if raw is not None else c.Summary.empty()
 
     async def published(self) -> c.LoopStatus | None:
         """The status the last pass published with its delta (None before the first)."""
@@ -411,7 +411,7 @@ class ForgeClient:
         doc = _published(store, self.cluster)
         nodes = _all_nodes(store, self.cluster)
         bindings = [Binding.from_assignment(a) for a in _all_assignments(store, self.cluster)]
-        summary = doc.summary if doc is not None else _NO_SUMMARY
+        summary = doc.summary if doc is not None else c.Summary.empty()
         return c.StatusView(
             summary=summary,
             nodes=views.node_views(nodes, bindings),
@@ -464,19 +464,6 @@ class ForgeClient:
                         raise
                     await asyncio.sleep(delay)
         raise AssertionError("unreachable")
-
-
-_NO_SUMMARY = c.Summary(
-    desired=0,
-    bound=0,
-    pending=0,
-    nodes=0,
-    jobs=0,
-    passes=0,
-    generation=0,
-    last_pass_at=None,
-    last_pass="nothing published yet",
-)
 
 
 def _published(store: Store, cluster: str) -> c.LoopStatus | None:

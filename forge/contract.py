@@ -245,6 +245,21 @@ class Summary(_Msg):
     last_pass_at: float | None
     last_pass: str
 
+    @classmethod
+    def empty(cls) -> Summary:
+        """Before the loop has published anything."""
+        return cls(
+            desired=0,
+            bound=0,
+            pending=0,
+            nodes=0,
+            jobs=0,
+            passes=0,
+            generation=0,
+            last_pass_at=None,
+            last_pass="nothing published yet",
+        )
+
 
 class ResourceView(_Msg):
     capacity: int

@@ -381,7 +381,9 @@ async def _record_store(client: Client, kind: str, tmp: Path, only: list[str]) -
             options = c.ClusterOptions.model_validate(
                 {"watch_poll": 0.2, "reconcile": ReconcileOptions().model_dump(), **opts}
             )
-            fc = ForgeClient(client, cluster=f"{kind}-{name}", task_queue=queue, options=options)
+            fc = ForgeClient(
+                client, cluster=f"{kind}-{name}", task_queue=queue, options=options, store=store
+            )
             started = time.monotonic()
             try:
                 await scenario(Scene(fc, store))

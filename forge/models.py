@@ -11,6 +11,7 @@ Units: cpu in millicores, memory in MiB, GPU memory in MiB, times in seconds.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, Self
@@ -362,6 +363,12 @@ class TaskGroup(_Evolving):
         workflow keeps its jobs across passes.
         """
         return self._request
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy without the cached request: an update may change the tasks."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("_request", None)
+        return copy
 
     @cached_property
     def _request(self) -> Request:

@@ -380,3 +380,15 @@ def test_assignment_id_must_match() -> None:
     assert Assignment.model_validate(row).gpu_ids == ("gpu0",)
     with pytest.raises(ValidationError, match="does not match"):
         Assignment.model_validate({**row, "workload_id": "j/g/1"})
+
+
+def test_a_copied_group_with_new_tasks_asks_for_the_new_request() -> None:
+    """request() is cached on the group; a copy with other tasks must not keep it."""
+    from forge.models import Resources, Task, TaskGroup
+
+    g = TaskGroup(name="a", tasks=(Task(name="t", resources=Resources(cpu=1, memory=1)),))
+    assert g.request().cpu == 1
+    bigger = (Task(name="t", resources=Resources(cpu=5, memory=7)),)
+    h = g.model_copy(update={"tasks": bigger})
+    assert (h.request().cpu, h.request().memory) == (5, 7)
+    assert g.request().cpu == 1

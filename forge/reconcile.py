@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,7 +48,7 @@ from forge.models import (
     workload_id,
 )
 from forge.placement import Binding, Cluster, NodeAlloc, Placer
-from forge.placement.scorers import ALGORITHMS
+from forge.placement.scorers import Algorithm
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
@@ -64,17 +64,6 @@ __all__ = [
     "reschedule_delay",
 ]
 
-
-Algorithm = Literal[
-    "binpack",
-    "spread",
-    "fgd",
-    "best-fit",
-    "dot-product",
-    "gpu-packing",
-    "gpu-clustering",
-    "random",
-]
 
 #: The GPU reservation of placement version 2, per mille of each free GPU's share
 #: of its node's cpu and memory. bench/gpu_placement.py measured 0-1000: 250-1000
@@ -121,9 +110,6 @@ class ReconcileOptions(BaseModel):
         if self.gpu_reserve is not None:
             return self.gpu_reserve
         return DEFAULT_GPU_RESERVE if self.placement_version >= 2 else 0
-
-
-assert set(ALGORITHMS) == set(get_args(Algorithm))
 
 
 class PendingEntry(BaseModel):

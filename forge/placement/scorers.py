@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from forge.models import GPU_MILLI, Request
 from forge.placement.state import NodeAlloc
 
 __all__ = [
     "ALGORITHMS",
+    "Algorithm",
     "BinPack",
     "GpuPreserve",
     "PackUsed",
@@ -102,7 +103,7 @@ class Weighted:
     weight: float
 
 
-ALGORITHMS = (
+Algorithm = Literal[
     "binpack",
     "spread",
     "fgd",
@@ -111,7 +112,8 @@ ALGORITHMS = (
     "gpu-packing",
     "gpu-clustering",
     "random",
-)
+]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 
 
 def scorers_for(

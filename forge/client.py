@@ -81,6 +81,8 @@ MAX_REQUEST_BYTES = MAX_BATCH_BYTES + 64 * 1024
 _BUSY_TYPE = "Busy"
 
 _M = TypeVar("_M", bound=BaseModel)
+_R = TypeVar("_R")
+STORE_PAGE = 5000  # rows per store read
 
 
 def _busy(err: RPCError) -> bool:
@@ -471,22 +473,26 @@ def _published(store: Store, cluster: str) -> c.LoopStatus | None:
     return c.LoopStatus.model_validate_json(raw) if raw is not None else None
 
 
-def _all_nodes(store: Store, cluster: str, page: int = 5000) -> list[Node]:
-    out: list[Node] = []
+def _every(
+    fetch: Callable[[str, int], list[_R]], key: Callable[[_R], str], page: int = STORE_PAGE
+) -> list[_R]:
+    """Every row of a store listing, page by page (``fetch(after, limit)``)."""
+    out: list[_R] = []
     while True:
-        got = store.nodes(cluster, out[-1].id if out else "", page)
+        got = fetch(key(out[-1]) if out else "", page)
         out.extend(got)
         if len(got) < page:
             return out
 
 
-def _all_assignments(store: Store, cluster: str, page: int = 5000) -> list[Assignment]:
-    out: list[Assignment] = []
-    while True:
-        got = store.assignments(cluster, out[-1].workload_id if out else "", page)
-        out.extend(got)
-        if len(got) < page:
-            return out
+def _all_nodes(store: Store, cluster: str) -> list[Node]:
+    return _every(lambda after, n: store.nodes(cluster, after, n), lambda x: x.id)
+
+
+def _all_assignments(store: Store, cluster: str, page: int = STORE_PAGE) -> list[Assignment]:
+    return _every(
+        lambda after, n: store.assignments(cluster, after, n), lambda a: a.workload_id, page
+    )
 
 
 def _refused(err: WorkflowUpdateFailedError) -> ForgeError:

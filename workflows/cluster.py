@@ -1034,7 +1034,7 @@ class ClusterWorkflow:
 
     def _details(self) -> None:
         states = Counter(str(n.state) for n in self.nodes.values())
-        reasons = Counter(r for e in self.pending.values() for r in e.reasons[:1])
+        reasons = views.pending_reasons(self.pending, self.deferred, limit=5)
         lines = [
             f"**Forge cluster `{self.cluster}`** (run {self.runs}, generation {self.generation})",
             "",
@@ -1048,7 +1048,7 @@ class ClusterWorkflow:
         lines.extend(f"- **{n}**" for n in self._notices())
         if reasons:
             lines.append("- pending because:")
-            lines.extend(f"  - {n} x {r}" for r, n in reasons.most_common(5))
+            lines.extend(f"  - {n} x {r}" for r, n in reasons)
         workflow.set_current_details("\n".join(lines))
         self._search_attributes()
 

@@ -23,12 +23,12 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.store_activities import StoreActivities
-from forge import watchdog
-from forge.client import ensure_search_attributes
-from forge.codec import data_converter
+from forge.client import watchdog
+from forge.client.client import ensure_search_attributes
 from forge.logs import configure
 from forge.settings import Settings, SettingsError
 from forge.stores import Store, open_store
+from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
 
 __all__ = ["build_worker", "main", "run_worker"]

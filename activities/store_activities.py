@@ -19,7 +19,8 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from forge.activity_contract import (
+from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, StoreError
+from forge.wire.activity_contract import (
     ACT_FENCE,
     ACT_JOB_CHANGES,
     ACT_METRICS,
@@ -47,7 +48,6 @@ from forge.activity_contract import (
     row_from_assignment,
     to_delta,
 )
-from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, StoreError
 
 __all__ = ["HEARTBEAT_EVERY", "PAGE_BYTES", "StoreActivities", "heartbeating", "within_bytes"]
 

@@ -5,7 +5,7 @@
 
 Each scenario runs a real `python worker.py` process against `temporal server
 start-dev` (from the pip-installed binary) with an SQLite store, drives it
-through :class:`forge.client.ForgeClient`, and checks the invariants at the end
+through :class:`forge.client.client.ForgeClient`, and checks the invariants at the end
 (no replica bound twice, no node over capacity, store == workflow state): the
 benchmark fails loudly (exit 1) if any is violated.
 
@@ -39,13 +39,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from bench.pending import pending_heavy
-from forge import contract as c
-from forge.client import ForgeClient, ensure_search_attributes
-from forge.codec import data_converter
-from forge.invariants import violations
-from forge.models import Job, Node
+from forge.client.client import ForgeClient, ensure_search_attributes
+from forge.core.invariants import violations
+from forge.core.models import Job, Node
 from forge.stores import SqliteStore
 from forge.stores.base import state_digest
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

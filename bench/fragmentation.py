@@ -22,7 +22,7 @@ The protocol of "Beware of Fragmentation" (USENIX ATC '23), as
 * **typical tasks** (fgd): the shapes of the pod list before inflation, the most
   frequent ones covering 95% of the pods.
 
-Every pod goes through Forge's own selector (``forge.placement.Placer``, the code
+Every pod goes through Forge's own selector (``forge.core.placement.Placer``, the code
 the reconcile pass runs) with the policy's scorer, one pod at a time in arrival
 order; ``policy@N`` bounds the nodes scored per pod to N (0 scores every feasible
 node, as the paper's simulator does). The shuffle uses Python's ``random.Random``
@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.core.models import GPU_MILLI, Node, Request
+from forge.core.placement import Cluster, Placer
 from forge.loaders import load_jobs, load_nodes
-from forge.models import GPU_MILLI, Node, Request
-from forge.placement import Cluster, Placer
 
 __all__ = ["PAPER", "Run", "arrivals", "main", "simulate"]
 

@@ -10,7 +10,7 @@ places, at least as many GPU pods, on no more nodes (+2%), with no more stranded
 GPUs. For a mixed cluster (``bench.workloads.gpu_mix``: a quarter of the nodes
 with 1-8 GPUs, 30% of the pods wanting 1-4 GPUs) and, with ``--trace``, for the
 Alibaba trace (whole GPUs, gpu_spec ignored: the original has neither), it places
-every pod with ``bench.original`` and with ``forge.reconcile`` at placement
+every pod with ``bench.original`` and with ``forge.core.reconcile`` at placement
 version 1 (what old histories replay) and version 2 at each ``--reserve`` (the
 GPU reservation, per mille of each free GPU's share of its node), and prints one
 row each.
@@ -40,8 +40,8 @@ from bench.placement import (
     without_gpu_spec,
 )
 from bench.workloads import gpu_mix, requests_in_order, synthetic
-from forge.models import Job, Node, Request
-from forge.reconcile import ReconcileOptions, reconcile
+from forge.core.models import Job, Node, Request
+from forge.core.reconcile import ReconcileOptions, reconcile
 
 __all__ = ["Quality", "main", "quality", "stranded_gpus"]
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from forge.models import Node, NodeState, Request
+from forge.core.models import Node, NodeState, Request
 
 __all__ = [
     "GPU_WEIGHT",

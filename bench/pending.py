@@ -16,7 +16,16 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.models import GpuDevice, GpuRequest, Job, Node, Resources, ScalingPolicy, Task, TaskGroup
+from forge.core.models import (
+    GpuDevice,
+    GpuRequest,
+    Job,
+    Node,
+    Resources,
+    ScalingPolicy,
+    Task,
+    TaskGroup,
+)
 
 __all__ = ["PendingWorkload", "pending_heavy", "write_csv"]
 

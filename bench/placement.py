@@ -7,7 +7,7 @@ Run from the repository root::
 
 For each size ``NODESxREPLICAS`` it builds a synthetic cluster (``bench.workloads``)
 and places every replica twice in the same process: with Forge, through
-``forge.reconcile.reconcile`` (the function the cluster workflow runs, binpack,
+``forge.core.reconcile.reconcile`` (the function the cluster workflow runs, binpack,
 ``now=0``, no placement limit), and with ``bench.original`` (every node checked
 and scored for every replica). Both get the replicas in the same order. It prints
 a table (seconds as the median of the runs, the speed-up, replicas placed, nodes
@@ -46,9 +46,9 @@ from typing import TypeVar
 
 from bench import original
 from bench.workloads import Workload, requests_in_order, synthetic
+from forge.core.models import GpuRequest, Job, Node, NodeState, Request, TaskGroup
+from forge.core.reconcile import Plan, ReconcileOptions, reconcile
 from forge.loaders import InputError, load_jobs, load_nodes
-from forge.models import GpuRequest, Job, Node, NodeState, Request, TaskGroup
-from forge.reconcile import Plan, ReconcileOptions, reconcile
 
 __all__ = ["Result", "check_invariants", "main", "whole_gpus"]
 
@@ -233,7 +233,7 @@ def run_forge(
     honour_models: bool = True,
     options: ReconcileOptions | None = None,
 ) -> Result:
-    """Place with ``forge.reconcile`` ``repeat`` times; check each run, and that all
+    """Place with ``forge.core.reconcile`` ``repeat`` times; check each run, and that all
     runs chose the same placements (determinism)."""
     node_map = {n.id: n for n in nodes}
     job_map = {j.id: j for j in jobs}
@@ -484,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f})"
     )
     print(
-        "Forge: forge.reconcile.reconcile, binpack, "
+        "Forge: forge.core.reconcile.reconcile, binpack, "
         f"candidates={OPTIONS.candidates}, seed={OPTIONS.seed}, "
         f"placement version {args.placement_version}. "
         f"Original: bench.original (exhaustive), variant {args.original_variant!r}."

@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from typing import TypeVar
 
-from forge.models import (
+from forge.core.models import (
     GpuDevice,
     GpuRequest,
     Job,
@@ -241,7 +241,7 @@ def synthetic(nodes: int, replicas: int, *, seed: int = 0) -> Workload:
 
 
 def requests_in_order(jobs: list[Job]) -> list[tuple[str, Request]]:
-    """Every replica as (workload id, request), in the order ``forge.reconcile``
+    """Every replica as (workload id, request), in the order ``forge.core.reconcile``
     places them: priority (high first), job id, group order, ordinal."""
     out: list[tuple[str, Request]] = []
     for job in sorted(jobs, key=lambda j: (-j.priority, j.id)):

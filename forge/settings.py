@@ -144,7 +144,7 @@ class Settings:
         """A ``temporalio.client.Client`` with Forge's data converter."""
         from temporalio.client import Client
 
-        from forge.codec import data_converter
+        from forge.wire.codec import data_converter
 
         return await Client.connect(
             self.address,

@@ -42,12 +42,12 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.codec import data_converter
-from forge.models import Job, Node
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeClient
+from forge.core.models import Job, Node
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import Store, TaskReport, open_store
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc, eventually
 from tests.workflow.harness import cluster, default_options, job, node
 

@@ -16,7 +16,7 @@ from typing import TypeAlias
 
 from hypothesis import strategies as st
 
-from forge.models import (
+from forge.core.models import (
     Constraint,
     DelayFunction,
     GpuDevice,
@@ -30,7 +30,7 @@ from forge.models import (
     Task,
     TaskGroup,
 )
-from forge.reconcile import ReconcileOptions
+from forge.core.reconcile import ReconcileOptions
 
 __all__ = [
     "GPU_MEMORY",

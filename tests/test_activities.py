@@ -8,10 +8,10 @@ import random
 from temporalio.testing import ActivityEnvironment
 
 from activities.store_activities import PAGE_BYTES, StoreActivities, within_bytes
-from forge.activity_contract import JobChangesIn, PageIn
-from forge.models import GpuDevice, Job, Node
+from forge.core.models import GpuDevice, Job, Node
 from forge.stores.base import Delta, Fence
 from forge.stores.memory import MemoryStore
+from forge.wire.activity_contract import JobChangesIn, PageIn
 
 
 def _large(name: str, rnd: random.Random) -> Job:

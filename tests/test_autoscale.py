@@ -1,4 +1,4 @@
-"""forge.autoscale: the threshold and target (HPA) policies, pure and deterministic."""
+"""forge.core.autoscale: the threshold and target (HPA) policies, pure and deterministic."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import forge.autoscale as autoscale_module
-from forge.autoscale import (
+import forge.core.autoscale as autoscale_module
+from forge.core.autoscale import (
     MAX_RECOMMENDATIONS,
     AutoscaleState,
     Decision,
@@ -21,7 +21,7 @@ from forge.autoscale import (
     decide,
     next_due,
 )
-from forge.models import AutoscalePolicy, ScalingPolicy
+from forge.core.models import AutoscalePolicy, ScalingPolicy
 
 THRESHOLD = AutoscalePolicy(policy="threshold")  # up >= 0.8 by 1, down <= 0.3, 300 s cooldown
 TARGET = AutoscalePolicy(policy="target")  # target 0.6, tolerance 0.1, 300 s window

@@ -4,7 +4,7 @@ field, and nothing of it reaches history, the store or the cluster's state.
 - ``forge job validate`` / ``job run`` / ``node add`` / ``plan``: exit 2 with the
   dotted path of the bad field, before any connection.
 - The workflow, sent *raw* payloads through the Temporal client's untyped API (a
-  spec that fails the models cannot even be built with ``forge.client``): the
+  spec that fails the models cannot even be built with ``forge.client.client``): the
   update fails naming the field, no update event enters history, the store has no
   such job, and the workflow keeps running and answering queries.
 - Signals cannot be validated: a payload that does not decode is dropped by the
@@ -41,12 +41,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from forge import cli
-from forge import contract as c
-from forge.client import MAX_REQUEST_BYTES, ForgeClient, ForgeError
-from forge.codec import data_converter
-from forge.loaders import MAX_INPUT_BYTES, InputError, load_nodes, parse_jobs
-from forge.models import (
+from forge.cli import main as cli
+from forge.client.client import MAX_REQUEST_BYTES, ForgeClient, ForgeError
+from forge.core.models import (
     MAX_BATCH_BYTES,
     MAX_CPU,
     MAX_JOB_BYTES,
@@ -56,7 +53,10 @@ from forge.models import (
     Node,
     _json_bound,
 )
+from forge.loaders import MAX_INPUT_BYTES, InputError, load_nodes, parse_jobs
 from forge.stores import Store
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster, job, node
 
 # ------------------------------------------------------------------ the valid spec
@@ -782,7 +782,7 @@ async def test_the_client_refuses_an_oversized_request_before_sending(
     live: tuple[ForgeClient, Store],
 ) -> None:
     """Requests whose fields have no length limit (workload and node ids) are
-    refused by forge.client, as bad input naming the limit, before anything is
+    refused by forge.client.client, as bad input naming the limit, before anything is
     sent; a job that skipped validation (``model_construct``) cannot even be put
     in a request."""
     fc, store = live
@@ -915,7 +915,7 @@ async def test_a_malformed_signal_is_dropped_with_a_warning_and_the_workflow_car
     (missing, null, two of them, wrong shape) is dropped with a warning naming the
     problem. Before the handlers validated their payload themselves, a null or a
     missing payload raised in the handler and failed the workflow task for ever.
-    A batch with one bad node is dropped whole: forge.client never sends one."""
+    A batch with one bad node is dropped whole: forge.client.client never sends one."""
     fc, store = live
     caplog.set_level(logging.WARNING, logger="temporalio.workflow")
     before = await snapshot(fc, store)
@@ -954,7 +954,7 @@ async def test_an_oversized_signal_is_refused_by_the_server_not_the_workflow(
     live: tuple[ForgeClient, Store],
 ) -> None:
     """Nodes of 64 labels of 4 KiB of random text: 500 of them (the per-signal
-    count limit) are ~140 MB. forge.client splits by size; a raw signal that big is
+    count limit) are ~140 MB. forge.client.client splits by size; a raw signal that big is
     refused by the server (gRPC/blob limit) and never reaches the workflow."""
     fc, store = live
     rnd = random.Random(5)

@@ -21,8 +21,8 @@ from bench import original
 from bench.original import OriginalNode, allocate, can_fit, place_all, schedule, score
 from bench.placement import InvariantError, check_invariants, in_arrival_order
 from bench.workloads import requests_in_order, synthetic
-from forge.models import GpuDevice, Job, Node, NodeState, Request
-from forge.placement import Cluster, NodeAlloc, Placer, combined
+from forge.core.models import GpuDevice, Job, Node, NodeState, Request
+from forge.core.placement import Cluster, NodeAlloc, Placer, combined
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -19,13 +19,14 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from forge import cli, output
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.codec import data_converter
+from forge.cli import main as cli
+from forge.cli import output
+from forge.client.client import ForgeClient
+from forge.core.models import Job, Node
 from forge.loaders import load_jobs, load_nodes
-from forge.models import Job, Node
 from forge.stores import Delta, Fence, SqliteStore
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -453,7 +454,7 @@ def test_job_list_reads_jobs_and_bindings_from_the_store(
 
 
 def _assignment(job: str, group: str, ordinal: int, cpu: int) -> Any:
-    from forge.models import Assignment
+    from forge.core.models import Assignment
 
     return Assignment(
         workload_id=f"{job}/{group}/{ordinal}",

@@ -23,9 +23,9 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.converter import DataConverter
 
-from forge import contract as c
-from forge.codec import ENCODING, data_converter
-from forge.codec_server import MAX_BODY, MAX_DECODED, CodecServer, CodecServerConfig
+from forge.services.codec_server import MAX_BODY, MAX_DECODED, CodecServer, CodecServerConfig
+from forge.wire import contract as c
+from forge.wire.codec import ENCODING, data_converter
 
 FORGE = str(Path(sys.executable).parent / "forge")
 UI = "http://localhost:8233"

@@ -87,7 +87,7 @@ def test_dockerfile_copies_files_that_exist_and_runs_the_worker() -> None:
 def test_the_ui_decodes_through_the_codec_server_the_browser_can_reach() -> None:
     """The browser, not the UI server, calls TEMPORAL_CODEC_ENDPOINT: it must be the
     host's published port, and the codec server must admit the UI's origin."""
-    from forge.cli import build_parser
+    from forge.cli.main import build_parser
 
     ui = SERVICES["temporal-ui"]
     endpoint = urlparse(ui["environment"]["TEMPORAL_CODEC_ENDPOINT"])

@@ -18,9 +18,9 @@ from typing import IO
 
 import pytest
 
-from forge.dev import DevError, DevOptions, _codec_port, port_in_use
+from forge.core.reconcile import ReconcileOptions, reconcile
 from forge.loaders import load_jobs, load_nodes
-from forge.reconcile import ReconcileOptions, reconcile
+from forge.services.dev import DevError, DevOptions, _codec_port, port_in_use
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

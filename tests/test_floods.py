@@ -26,10 +26,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.codec import data_converter
-from forge.models import Job
+from forge.client.client import ForgeClient
+from forge.core.models import Job
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster, default_options, job, node
 
 pytestmark = pytest.mark.slow

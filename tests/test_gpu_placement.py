@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forge.models import (
+from forge.core.models import (
     GPU_MILLI,
     GpuDevice,
     GpuRequest,
@@ -22,10 +22,10 @@ from forge.models import (
     TaskGroup,
     Toleration,
 )
-from forge.placement import Binding, Cluster, Placer, combined, explain_node, scorers_for
-from forge.placement.filters import diagnose, format_reasons
-from forge.placement.select import _fast_scorer
-from forge.reconcile import ReconcileOptions, reconcile
+from forge.core.placement import Binding, Cluster, Placer, combined, explain_node, scorers_for
+from forge.core.placement.filters import diagnose, format_reasons
+from forge.core.placement.select import _fast_scorer
+from forge.core.reconcile import ReconcileOptions, reconcile
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 V1 = ReconcileOptions()
@@ -572,7 +572,7 @@ def test_a_v2_pass_is_exact_and_work_conserving(
 
 # -- fragmentation -------------------------------------------------------------------------
 def test_fragmentation_follows_the_papers_definition() -> None:
-    from forge.placement import TypicalTask, fragmentation
+    from forge.core.placement import TypicalTask, fragmentation
 
     share = TypicalTask(cpu=1000, milli=500, count=1, models=frozenset(), p=0.5)
     whole = TypicalTask(cpu=1000, milli=GPU_MILLI, count=1, models=frozenset(), p=0.3)
@@ -590,7 +590,7 @@ def test_fragmentation_follows_the_papers_definition() -> None:
 
 
 def test_typical_tasks_cover_95_percent_by_count() -> None:
-    from forge.placement import typical_tasks
+    from forge.core.placement import typical_tasks
 
     big = Request(cpu=1000, memory=1, gpu=1)
     small = Request(cpu=500, memory=1, gpu=1, gpu_milli=300)

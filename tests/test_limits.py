@@ -23,10 +23,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from forge import contract as c
-from forge.client import ForgeError, _batches, _check_size
+from forge.client.client import ForgeError, _batches, _check_size
+from forge.core.models import Job, Node
 from forge.loaders import InputError, load_jobs, parse_jobs
-from forge.models import Job, Node
+from forge.wire import contract as c
 
 DOCS = (Path(__file__).parents[1] / "docs" / "limits.md").read_text()
 
@@ -94,7 +94,7 @@ PENDING_SHOWN = 200
         "| 200 | `MAX_JOBS_PER_UPDATE` |",
         "| 1,000 | `MAX_WORKLOADS_PER_UPDATE` |",
         "| 1 MiB | `MAX_BATCH_BYTES` |",
-        "| 1 MiB + 64 KiB | `forge.client.MAX_REQUEST_BYTES` |",
+        "| 1 MiB + 64 KiB | `forge.client.client.MAX_REQUEST_BYTES` |",
         "| `assignments` query page | 10,000 |",
         "| 200 (the rest counted in `pending_truncated`) | `PENDING_SHOWN` |",
         "| accepted updates per run | 1,000 | `max_updates_per_run` |",

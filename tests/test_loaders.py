@@ -11,6 +11,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from forge.core.models import Job, NodeState, ScalingPolicy
 from forge.loaders import (
     GPU_MEMORY_MIB,
     MAX_ERROR_LINES,
@@ -22,7 +23,6 @@ from forge.loaders import (
     parse_jobs,
     parse_nodes,
 )
-from forge.models import Job, NodeState, ScalingPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from forge.models import (
+from forge.core.models import (
     Assignment,
     Constraint,
     GpuDevice,
@@ -384,7 +384,7 @@ def test_assignment_id_must_match() -> None:
 
 def test_a_copied_group_with_new_tasks_asks_for_the_new_request() -> None:
     """request() is cached on the group; a copy with other tasks must not keep it."""
-    from forge.models import Resources, Task, TaskGroup
+    from forge.core.models import Resources, Task, TaskGroup
 
     g = TaskGroup(name="a", tasks=(Task(name="t", resources=Resources(cpu=1, memory=1)),))
     assert g.request().cpu == 1

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forge.models import (
+from forge.core.models import (
     AssignmentStatus,
     Constraint,
     GpuDevice,
@@ -18,7 +18,7 @@ from forge.models import (
     Request,
     TaskGroup,
 )
-from forge.placement import (
+from forge.core.placement import (
     Binding,
     BinPack,
     Cluster,
@@ -33,7 +33,7 @@ from forge.placement import (
     scorers_for,
     utilisation_after,
 )
-from forge.placement.select import _fast_scorer
+from forge.core.placement.select import _fast_scorer
 from tests import strategies as fs
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from forge.models import (
+from forge.core.models import (
     Assignment,
     AssignmentStatus,
     Constraint,
@@ -36,8 +36,8 @@ from forge.models import (
     Task,
     TaskGroup,
 )
-from forge.placement import Binding, Cluster
-from forge.reconcile import (
+from forge.core.placement import Binding, Cluster
+from forge.core.reconcile import (
     Carry,
     FailureHistory,
     PendingEntry,
@@ -82,7 +82,7 @@ def usage(bindings: Iterable[Binding]) -> dict[str, Usage]:
 
 
 def can_take(node: Node, used: Usage, req: Request, constraints: Iterable[Constraint]) -> bool:
-    """Independent of forge.placement: could this node take the replica now?"""
+    """Independent of forge.core.placement: could this node take the replica now?"""
     if node.state is not NodeState.READY:
         return False
     if not all(c.matches(node.labels) for c in constraints):
@@ -999,7 +999,7 @@ def test_an_exhausted_class_is_diagnosed_without_a_second_sweep(
 ) -> None:
     """Thirty shapes that fit nowhere on 2,000 nodes cost a few node checks each,
     not a sweep of every node per shape (what once deadlocked the workflow)."""
-    import forge.placement.select as select
+    import forge.core.placement.select as select
 
     def no_sweep(*args: object, **kwargs: object) -> None:
         raise AssertionError("a full diagnosis sweep ran")

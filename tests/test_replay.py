@@ -26,10 +26,10 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge import reconcile
-from forge.codec import data_converter
-from forge.models import Job
-from forge.placement import scorers, select
+from forge.core import reconcile
+from forge.core.models import Job
+from forge.core.placement import scorers, select
+from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))

@@ -41,15 +41,15 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
-from forge import cli
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.codec import data_converter
+from forge.cli import main as cli
+from forge.client.client import ForgeClient
+from forge.core.models import Job
 from forge.logs import REDACTED, configure, redact
-from forge.models import Job
 from forge.settings import Settings, SettingsError
 from forge.stores import SqliteStore, Store
 from forge.stores.postgres import PostgresStore, parse_postgres_url
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc, eventually
 from tests.workflow.harness import cluster, default_options, node
 

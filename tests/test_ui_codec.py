@@ -34,7 +34,7 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 
-from forge.codec import ENCODING
+from forge.wire.codec import ENCODING
 from tests.cdp import Browser, chromium_binary
 
 pytestmark = pytest.mark.slow
@@ -187,7 +187,7 @@ def test_the_temporal_cli_example_sends_every_signal_and_update(dev: Dev) -> Non
 
 
 def test_readme_documents_every_signal_and_update_with_a_command_the_script_runs() -> None:
-    from forge import contract as c
+    from forge.wire import contract as c
 
     readme = (REPO / "README.md").read_text()
     script = (REPO / "examples" / "temporal-cli.sh").read_text()

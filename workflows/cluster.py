@@ -7,7 +7,7 @@ functions, every byte of I/O from an activity. A pass:
    activity's news (job revision moved, task reports, expired heartbeats);
 2. load job changes since the last revision (paged), task reports (batched) and,
    for autoscaled groups that are due, metrics;
-3. plan with :func:`forge.reconcile.reconcile`;
+3. plan with :func:`forge.core.reconcile.reconcile`;
 4. persist the plan's delta, fenced by (generation, pass), and check the digest
    the store returns against our own: a replay that planned differently from the
    original run (a determinism bug) stops here instead of diverging silently;
@@ -37,13 +37,17 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     import pydantic
 
-    from forge import activity_contract as ac
-    from forge import contract as c
-    from forge import views
-    from forge.autoscale import AutoscaleState, GroupMetrics, decide, next_due
-    from forge.models import MAX_BATCH_BYTES, AssignmentStatus, Job, Node, NodeState, workload_id
-    from forge.placement import Binding
-    from forge.reconcile import (
+    from forge.core.autoscale import AutoscaleState, GroupMetrics, decide, next_due
+    from forge.core.models import (
+        MAX_BATCH_BYTES,
+        AssignmentStatus,
+        Job,
+        Node,
+        NodeState,
+        workload_id,
+    )
+    from forge.core.placement import Binding
+    from forge.core.reconcile import (
         DEFAULT_MAX_WORK,
         Carry,
         FailureHistory,
@@ -52,6 +56,9 @@ with workflow.unsafe.imports_passed_through():
         reconcile,
     )
     from forge.stores.base import STATE_MOD, ApplyResult, JobPage, binding_hash, rows_digest
+    from forge.wire import activity_contract as ac
+    from forge.wire import contract as c
+    from forge.wire import views
 
 __all__ = ["ClusterWorkflow"]
 
@@ -88,7 +95,7 @@ INVALID_INPUT = "InvalidInput"
 
 PENDING_SHOWN = views.PENDING_SHOWN  # pending replicas a status lists (the rest are counted)
 #: ApplicationError type of an update refused while the run is due to continue as
-#: new: nothing reached history, and the client retries it (forge.client matches it).
+#: new: nothing reached history, and the client retries it (forge.client.client matches it).
 BUSY = "Busy"
 
 
@@ -146,7 +153,7 @@ class ClusterWorkflow:
         self.signals_dropped = cp.signals_dropped if cp else 0
         self.last_dropped = cp.last_dropped if cp else ""
         self.state_sum = 0  # forge.stores.base.binding_hash summed over self.bindings
-        # the last pass's allocations and indexes (forge.reconcile.Carry): the next
+        # the last pass's allocations and indexes (forge.core.reconcile.Carry): the next
         # pass re-checks only what changed; None after a (re)load
         self.carry: Carry | None = None
         self.updates = 0  # accepted in this run

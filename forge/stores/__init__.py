@@ -12,7 +12,7 @@ psycopg.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from forge.stores.base import (
     ApplyResult,
@@ -26,9 +26,30 @@ from forge.stores.base import (
     TaskReport,
     delta_digest,
 )
-from forge.stores.memory import MemoryStore
-from forge.stores.migrations import migrate_url
-from forge.stores.sqlite import SqliteStore, sqlite_path
+
+if TYPE_CHECKING:
+    from forge.stores.memory import MemoryStore
+    from forge.stores.migrations import migrate_url
+    from forge.stores.sqlite import SqliteStore, sqlite_path
+
+# The backends load on first use: the workflow imports the row types above through
+# the activity contract, and must not drag sqlite3 or the migrations in with them.
+_LAZY = {
+    "MemoryStore": "forge.stores.memory",
+    "SqliteStore": "forge.stores.sqlite",
+    "sqlite_path": "forge.stores.sqlite",
+    "migrate_url": "forge.stores.migrations",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forge.stores' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "ApplyResult",
@@ -44,6 +65,7 @@ __all__ = [
     "TaskReport",
     "delta_digest",
     "migrate_url",
+    "sqlite_path",
     "open_store",
     "store_kind",
 ]
@@ -70,8 +92,12 @@ def open_store(url: str) -> Store:
     """Open (creating and migrating as needed) the store a ``FORGE_STORE`` URL names."""
     kind = store_kind(url)
     if kind == "memory":
+        from forge.stores.memory import MemoryStore
+
         return MemoryStore()
     if kind == "sqlite":
+        from forge.stores.sqlite import SqliteStore, sqlite_path
+
         return SqliteStore(sqlite_path(url))  # creates the parent directories
     from forge.stores.postgres import PostgresStore
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.models import Assignment, Job, Node
+from forge.core.models import Assignment, Job, Node
 
 __all__ = [
     "STATE_MOD",

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from forge.models import Assignment, Job, Node, NodeState
+from forge.core.models import Assignment, Job, Node, NodeState
 from forge.stores.base import (
     ApplyResult,
     Delta,

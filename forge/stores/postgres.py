@@ -40,7 +40,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
-from forge.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
 from forge.stores import migrations
 from forge.stores.base import (
     ApplyResult,

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from forge.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
 from forge.stores.base import (
     ApplyResult,
     Delta,

@@ -9,8 +9,8 @@ import pytest_asyncio
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.codec import data_converter
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc
 
 

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from forge.contract import LoopStatus
 from forge.stores.base import Store, state_digest
+from forge.wire.contract import LoopStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

@@ -7,11 +7,11 @@ import urllib.request
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.invariants import violations
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeClient
+from forge.core.invariants import violations
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import SqliteStore, Store, open_store
+from forge.wire import contract as c
 from tests.e2e.conftest import free_port
 from tests.e2e.procs import assert_store_is_the_workflows, eventually
 from tests.workflow.harness import job, node

@@ -2,7 +2,7 @@
 
 After a fault the cluster must converge, and then:
 
-- every invariant holds over the store (``forge.invariants.violations``: no node
+- every invariant holds over the store (``forge.core.invariants.violations``: no node
   over capacity, no GPU held twice, no replica bound twice, nothing on a lost or
   draining node, bound ⊆ desired);
 - the store equals the workflow's state (the bindings hash the loop published vs
@@ -34,12 +34,12 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from forge import activity_contract as ac
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.invariants import violations
-from forge.models import Assignment, Job, Node, workload_id
+from forge.client.client import ForgeClient
+from forge.core.invariants import violations
+from forge.core.models import Assignment, Job, Node, workload_id
 from forge.stores import Store
+from forge.wire import activity_contract as ac
+from forge.wire import contract as c
 from tests.e2e.procs import assert_store_is_the_workflows, eventually
 
 __all__ = [
@@ -389,7 +389,7 @@ async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunR
     outside the workflow, a clock, a worker-local condition), not the SDK's."""
     from temporalio.worker import Replayer
 
-    from forge.codec import data_converter
+    from forge.wire.codec import data_converter
     from workflows.cluster import ClusterWorkflow
 
     await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)

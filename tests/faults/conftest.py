@@ -17,8 +17,8 @@ from psycopg import sql
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.codec import data_converter
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc
 
 PG_BASE = os.environ.get("FORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

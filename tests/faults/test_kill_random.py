@@ -46,11 +46,11 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.client import ForgeClient, ForgeError
-from forge.models import Job, Node
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeClient, ForgeError
+from forge.core.models import Job, Node
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import SqliteStore, Store
+from forge.wire import contract as c
 from tests.e2e.procs import WorkerProc
 from tests.faults.checks import (
     desired_ids,

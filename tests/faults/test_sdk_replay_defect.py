@@ -15,7 +15,7 @@ are in ``../shared/research/temporal-query-takeover/``.
 
 So Forge reads what the loop publishes (the store, describe()) and never queries;
 an operator's query can still trigger it, and the watchdog every worker runs
-(``forge.watchdog``) resets such a run; ``test_kill_random[with-queries]`` exercises
+(``forge.client.watchdog``) resets such a run; ``test_kill_random[with-queries]`` exercises
 that path and requires every failing run to fail offline replay too.
 
 When this test fails because the history now replays, the SDK has changed how it
@@ -30,7 +30,7 @@ from pathlib import Path
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.codec import data_converter
+from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
 
 HISTORY = Path(__file__).parent / "histories" / "sdk-update-split-activation.json"

@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.codec import data_converter
-from forge.models import Job
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeClient
+from forge.core.models import Job
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import open_store
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc, eventually
 from tests.faults.checks import history_figures, record_figures, settle, store_violations
 from tests.workflow.harness import job, node

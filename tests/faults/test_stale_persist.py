@@ -26,11 +26,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.store_activities import StoreActivities
-from forge import activity_contract as ac
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.models import Assignment, Node
+from forge.client.client import ForgeClient
+from forge.core.models import Assignment, Node
 from forge.stores import Fence, MemoryStore, SqliteStore, Store, open_store
+from forge.wire import activity_contract as ac
+from forge.wire import contract as c
 from tests.e2e.procs import eventually
 from tests.faults.checks import all_assignments, all_nodes, record_figures, reset_run, settle
 from tests.workflow.harness import job, node

@@ -35,11 +35,11 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.models import Job
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeClient
+from forge.core.models import Job
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import Store, open_store
+from forge.wire import contract as c
 from tests.e2e.procs import eventually
 from tests.faults.checks import history_figures, record_figures, settle, store_violations
 from tests.faults.conftest import PG_BASE

@@ -5,7 +5,7 @@ The nondeterminism is planted as a real determinism bug would be: a worker whose
 workflow code creates a timer only when it is not replaying. The runs it serves
 record a command that no replay produces, so once a worker without its cache takes
 the run over, every workflow task fails. The production watchdog
-(``forge.watchdog.watch``, what ``worker.py`` runs) must notice it from
+(``forge.client.watchdog.watch``, what ``worker.py`` runs) must notice it from
 ``describe()`` and the failure's cause, reset the run to its first workflow task,
 and the loop must carry on from the store.
 """
@@ -29,10 +29,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.store_activities import StoreActivities
-from forge import contract as c
-from forge import watchdog
-from forge.client import ForgeClient
+from forge.client import watchdog
+from forge.client.client import ForgeClient
 from forge.stores import MemoryStore, Store
+from forge.wire import contract as c
 from tests.e2e.procs import assert_store_is_the_workflows, eventually
 from tests.workflow.harness import default_options, job, node
 from workflows.cluster import ClusterWorkflow

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from forge.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
 from forge.stores import (
     Delta,
     Fence,

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
 
-from forge.codec import data_converter
+from forge.wire.codec import data_converter
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -13,11 +13,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.store_activities import StoreActivities
-from forge import contract as c
-from forge.client import ForgeClient
-from forge.models import Job, Node
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeClient
+from forge.core.models import Job, Node
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import MemoryStore, Store
+from forge.wire import contract as c
 from workflows.cluster import ClusterWorkflow
 
 __all__ = ["cluster", "default_options", "job", "node"]

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from temporalio.testing import WorkflowEnvironment
 
-from forge import contract as c
-from forge.client import ForgeClient
+from forge.client.client import ForgeClient
+from forge.wire import contract as c
 from tests.workflow.harness import cluster, job, node
 
 T = TypeVar("T")
@@ -94,7 +94,7 @@ async def test_a_burst_of_node_registrations_is_persisted_in_bounded_chunks(
     persist input carries more than NODE_BYTES of nodes (plus one), all arrive."""
     from temporalio.api.enums.v1 import EventType
 
-    from forge import activity_contract as ac
+    from forge.wire import activity_contract as ac
     from workflows.cluster import NODE_BYTES
 
     labels = {f"label-{i:02d}": "x" * 40 for i in range(24)}

@@ -10,10 +10,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from forge import activity_contract as ac
-from forge.client import ForgeError
-from forge.reconcile import ReconcileOptions
+from forge.client.client import ForgeError
+from forge.core.reconcile import ReconcileOptions
 from forge.stores import TaskReport
+from forge.wire import activity_contract as ac
 from tests.e2e.procs import assert_store_is_the_workflows
 from tests.workflow.harness import cluster, default_options, job, node
 

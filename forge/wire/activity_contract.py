@@ -1,6 +1,6 @@
 """Activity names and payloads between the cluster workflow and its activities.
 
-Like :mod:`forge.contract` for clients, this is the one module both sides share,
+Like :mod:`forge.wire.contract` for clients, this is the one module both sides share,
 so the workflow never imports the code that does I/O. Bulk data travels in
 compact rows (``BindRow``) rather than one JSON object per binding: smaller
 payloads, less history, and faster to encode.
@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.models import Assignment, AssignmentStatus, Job, Node
+from forge.core.models import Assignment, AssignmentStatus, Job, Node
 from forge.stores.base import Delta
 
 __all__ = [
@@ -116,7 +116,7 @@ class PersistIn(_Msg):
     release: list[str] = Field(default_factory=list)
     nodes_upsert: list[Node] = Field(default_factory=list)
     nodes_remove: list[str] = Field(default_factory=list)
-    status: str | None = None  # forge.contract.LoopStatus as JSON, stored as it is
+    status: str | None = None  # forge.wire.contract.LoopStatus as JSON, stored as it is
 
 
 class WatchIn(_Msg):

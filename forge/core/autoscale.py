@@ -82,7 +82,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.models import AutoscalePolicy, ScalingPolicy
+from forge.core.models import AutoscalePolicy, ScalingPolicy
 
 __all__ = [
     "MAX_RECOMMENDATIONS",

@@ -1,6 +1,6 @@
 """``forge codec-server``: Temporal's remote codec protocol over Forge's payload codec.
 
-Forge compresses every payload of 512 bytes or more (:mod:`forge.codec`), so
+Forge compresses every payload of 512 bytes or more (:mod:`forge.wire.codec`), so
 nothing outside a Forge process can read them: the Web UI shows base64, its
 "current details" and queries stay blank, and ``temporal workflow query`` prints
 blobs. Temporal's answer is a codec server, a small HTTP service the UI and the
@@ -55,7 +55,7 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 from temporalio.converter import PayloadCodec
 
-from forge.codec import ZlibCodec
+from forge.wire.codec import ZlibCodec
 
 __all__ = [
     "ALLOWED_HEADERS",
@@ -326,7 +326,7 @@ class CodecServer:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``forge codec-server`` flags (the parser lives in :mod:`forge.cli`)."""
+    """The ``forge codec-server`` flags (the parser lives in :mod:`forge.cli.main`)."""
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -417,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         origins=frozenset(args.allow_origin),
-        token=_token(args),  # SettingsError -> exit 2 in forge.cli
+        token=_token(args),  # SettingsError -> exit 2 in forge.cli.main
     )
     try:
         server = CodecServer(config)

@@ -1,7 +1,7 @@
 """The cluster workflow's interface: names and payload models.
 
 Both sides import this module and nothing else of each other: the client
-(``forge.client``) sends these signals, updates and queries by name, and the
+(``forge.client.client``) sends these signals, updates and queries by name, and the
 workflow (``workflows.cluster``) implements them. Renaming anything here is a
 wire change.
 """
@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.autoscale import AutoscaleState
-from forge.models import MAX_REPLICAS, Job, Name, Node
-from forge.reconcile import FailureHistory, PendingEntry, ReconcileOptions
+from forge.core.autoscale import AutoscaleState
+from forge.core.models import MAX_REPLICAS, Job, Name, Node
+from forge.core.reconcile import FailureHistory, PendingEntry, ReconcileOptions
 
 __all__ = [
     "MAX_JOBS_PER_UPDATE",

@@ -36,20 +36,20 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pydantic
 
-from forge import output
+from forge.cli import output
+from forge.core.models import MAX_MEMORY, MAX_REPLICAS, Job, Node, is_valid_name
+from forge.core.placement.scorers import ALGORITHMS
+from forge.core.reconcile import ReconcileOptions, reconcile
 from forge.loaders import GPU_MEMORY_MIB, InputError, format_validation_error, load_jobs, load_nodes
-from forge.models import MAX_MEMORY, MAX_REPLICAS, Job, Node, is_valid_name
-from forge.placement.scorers import ALGORITHMS
-from forge.reconcile import ReconcileOptions, reconcile
 from forge.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from temporalio.client import Client
     from temporalio.service import RPCError
 
-    from forge.client import ForgeClient
-    from forge.contract import JobResult
+    from forge.client.client import ForgeClient
     from forge.stores import Store
+    from forge.wire.contract import JobResult
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -137,7 +137,7 @@ def _error(message: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree (exposed for tests and for generated docs)."""
-    from forge import dev
+    from forge.services import dev
 
     parser = argparse.ArgumentParser(
         prog="forge",
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dry-run one placement pass offline (no server)",
         description=(
             "Plan one reconcile pass offline with exactly the code the cluster workflow "
-            "runs (forge.reconcile): every replica of the jobs against the nodes, no "
+            "runs (forge.core.reconcile): every replica of the jobs against the nodes, no "
             "existing bindings.\n\n--json prints one object: {placements: [{workload_id, "
             "node, gpu_ids}], pending: [{workload_id, reasons}], summary: {placed, pending, "
             "nodes_used, gpus_used, gpu_milli_used, seconds}}; seconds is the planning time "
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_arguments(p)
     p.set_defaults(handler=dev.run)
 
-    from forge import codec_server
+    from forge.services import codec_server
 
     p = sub.add_parser(
         "codec-server",
@@ -620,7 +620,7 @@ async def _run_remote(
     )
     from temporalio.service import RPCError
 
-    from forge.client import ForgeClient, ForgeError
+    from forge.client.client import ForgeClient, ForgeError
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
     client = await _connect(settings, timeout)

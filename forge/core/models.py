@@ -262,7 +262,7 @@ class Constraint(_Model):
 
 
 class AutoscalePolicy(_Model):
-    """How a group scales from utilisation (see ``forge.autoscale``).
+    """How a group scales from utilisation (see ``forge.core.autoscale``).
 
     ``threshold``: the original's policy (>= ``scale_up`` adds ``step``, <=
     ``scale_down`` removes ``step``, then ``cooldown`` seconds of quiet).

@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from forge.models import GPU_MILLI, Constraint, Request, tolerated
-from forge.placement.filters import (
+from forge.core.models import GPU_MILLI, Constraint, Request, tolerated
+from forge.core.placement.filters import (
     INSUFFICIENT_CPU,
     INSUFFICIENT_GPU,
     INSUFFICIENT_MEMORY,
@@ -52,8 +52,8 @@ from forge.placement.filters import (
     diagnose,
     explain_node,
 )
-from forge.placement.scorers import GPU_WEIGHT, Weighted, combined, scorers_for
-from forge.placement.state import Cluster, NodeAlloc
+from forge.core.placement.scorers import GPU_WEIGHT, Weighted, combined, scorers_for
+from forge.core.placement.state import Cluster, NodeAlloc
 
 #: A request with its weight in the workload (how many replicas ask it).
 Typical = tuple[Request, float]

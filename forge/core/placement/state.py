@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from forge.models import (
+from forge.core.models import (
     GPU_MILLI,
     Assignment,
     AssignmentStatus,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from forge.models import GPU_MILLI, Request
-from forge.placement.state import NodeAlloc
+from forge.core.models import GPU_MILLI, Request
+from forge.core.placement.state import NodeAlloc
 
 __all__ = [
     "MAX_CPU",

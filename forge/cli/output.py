@@ -1,9 +1,9 @@
 """Presentation for the ``forge`` command: tables, units, grouped reasons, JSON shapes.
 
-Kept apart from :mod:`forge.cli` so the command code reads as "get data, hand it
+Kept apart from :mod:`forge.cli.main` so the command code reads as "get data, hand it
 to a renderer", and so ``forge dev`` prints status exactly the way ``forge status``
 does. Nothing here talks to a server or reads a file: every function takes plain
-data (models of :mod:`forge.contract`, a :class:`forge.reconcile.Plan`) and returns
+data (models of :mod:`forge.wire.contract`, a :class:`forge.core.reconcile.Plan`) and returns
 strings or JSON-ready dicts, which keeps it testable without a cluster.
 
 The JSON shapes built here (``plan_json``, ``status_json``) are the CLI's
@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from forge.models import Job, Node
+from forge.core.models import Job, Node
 
 if TYPE_CHECKING:
-    from forge.contract import AssignmentView, Explanation, JobResult, StatusView
-    from forge.placement import Binding
-    from forge.reconcile import Plan
+    from forge.core.placement import Binding
+    from forge.core.reconcile import Plan
+    from forge.wire.contract import AssignmentView, Explanation, JobResult, StatusView
 
 __all__ = [
     "SMALL_CLUSTER",

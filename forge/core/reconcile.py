@@ -1,7 +1,7 @@
 """One reconcile pass as a pure function: desired + actual + now -> Plan.
 
 Like Nomad's reconciler, this module decides *what* happens to each replica
-(keep, release, place, wait) and leaves *where* to :mod:`forge.placement`. It
+(keep, release, place, wait) and leaves *where* to :mod:`forge.core.placement`. It
 reads no clock (``now`` is a parameter), draws no unseeded randomness and iterates
 only in deterministic orders, so the cluster workflow can run it as workflow code
 and get the same plan on replay, on any machine.
@@ -35,7 +35,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.models import (
+from forge.core.models import (
     AssignmentStatus,
     Constraint,
     DelayFunction,
@@ -47,8 +47,8 @@ from forge.models import (
     TaskGroup,
     workload_id,
 )
-from forge.placement import Binding, Cluster, NodeAlloc, Placer
-from forge.placement.scorers import Algorithm
+from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
+from forge.core.placement.scorers import Algorithm
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",

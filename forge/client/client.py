@@ -1,6 +1,6 @@
 """``ForgeClient``: the typed way to talk to a cluster workflow.
 
-It speaks only :mod:`forge.contract` (names and models), so it never imports the
+It speaks only :mod:`forge.wire.contract` (names and models), so it never imports the
 workflow's code. Starting a job uses update-with-start: if the cluster workflow
 is not running yet, the same call starts it.
 """
@@ -34,12 +34,13 @@ from temporalio.common import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge import contract as c
-from forge import views, watchdog
-from forge.models import MAX_BATCH_BYTES, Assignment, Job, Node
-from forge.placement import Binding
+from forge.client import watchdog
+from forge.core.models import MAX_BATCH_BYTES, Assignment, Job, Node
+from forge.core.placement import Binding
 from forge.settings import Settings
 from forge.stores.base import Store
+from forge.wire import contract as c
+from forge.wire import views
 
 __all__ = [
     "MAX_REQUEST_BYTES",

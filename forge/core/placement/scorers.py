@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-from forge.models import GPU_MILLI, Request
-from forge.placement.state import NodeAlloc
+from forge.core.models import GPU_MILLI, Request
+from forge.core.placement.state import NodeAlloc
 
 __all__ = [
     "ALGORITHMS",
@@ -130,7 +130,7 @@ def scorers_for(
     keeps GPU nodes for GPU work, so the preference is dropped (it cost nodes and
     placed no more GPU work) and binpack fills nodes in use before it opens one
     (:class:`PackUsed`). ``workload`` (requests with their weights) is what
-    :class:`forge.placement.fragmentation.Fgd` expects to arrive; ``seed`` seeds ``random``.
+    :class:`forge.core.placement.fragmentation.Fgd` expects to arrive; ``seed`` seeds ``random``.
     """
     if algorithm == "binpack":
         if version >= 2:
@@ -141,8 +141,8 @@ def scorers_for(
             return (Weighted(Spread(), 1.0),)
         return (Weighted(Spread(), 1.0), Weighted(GpuPreserve(), 1.0))
     # the GPU-sharing policies build on this module (imported late: no cycle)
-    from forge.placement import gpu
-    from forge.placement.fragmentation import Fgd
+    from forge.core.placement import gpu
+    from forge.core.placement.fragmentation import Fgd
 
     if algorithm == "fgd":
         return (Weighted(Fgd(workload), 1.0),)

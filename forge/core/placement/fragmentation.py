@@ -22,8 +22,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from forge.models import GPU_MILLI, Request
-from forge.placement.state import NodeAlloc
+from forge.core.models import GPU_MILLI, Request
+from forge.core.placement.state import NodeAlloc
 
 __all__ = [
     "DEFAULT_COVERAGE",

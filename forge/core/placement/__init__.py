@@ -6,7 +6,7 @@ completeness. The reconcile pass decides *what* to place; this package decides
 *where*.
 """
 
-from forge.placement.filters import (
+from forge.core.placement.filters import (
     DEFAULT_FILTERS,
     Filter,
     diagnose,
@@ -14,8 +14,8 @@ from forge.placement.filters import (
     format_reasons,
     reason_category,
 )
-from forge.placement.fragmentation import Fgd, TypicalTask, fragmentation, typical_tasks
-from forge.placement.scorers import (
+from forge.core.placement.fragmentation import Fgd, TypicalTask, fragmentation, typical_tasks
+from forge.core.placement.scorers import (
     ALGORITHMS,
     BinPack,
     GpuPreserve,
@@ -27,8 +27,8 @@ from forge.placement.scorers import (
     scorers_for,
     utilisation_after,
 )
-from forge.placement.select import DEFAULT_CANDIDATES, Choice, Placer
-from forge.placement.state import Binding, Cluster, NodeAlloc
+from forge.core.placement.select import DEFAULT_CANDIDATES, Choice, Placer
+from forge.core.placement.state import Binding, Cluster, NodeAlloc
 
 __all__ = [
     "ALGORITHMS",

@@ -1,7 +1,7 @@
 """Status views, pure: what ``forge status`` and ``forge explain`` show.
 
 Built the same way from the loop's state (the workflow publishes a
-:class:`~forge.contract.LoopStatus` with each pass, and answers the operators'
+:class:`~forge.wire.contract.LoopStatus` with each pass, and answers the operators'
 queries) and from what the store holds (the client), so the two can never
 disagree on what a number means. No temporalio, no I/O.
 """
@@ -12,10 +12,10 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from forge import contract as c
-from forge.models import Job, Node
-from forge.placement import Binding, Cluster, explain_node
-from forge.reconcile import PendingEntry
+from forge.core.models import Job, Node
+from forge.core.placement import Binding, Cluster, explain_node
+from forge.core.reconcile import PendingEntry
+from forge.wire import contract as c
 
 __all__ = [
     "PENDING_SHOWN",

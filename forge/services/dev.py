@@ -45,15 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from forge import output
+from forge.cli import output
+from forge.core.models import is_valid_name
 from forge.loaders import InputError, load_jobs, load_nodes
-from forge.models import is_valid_name
 from forge.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from forge.client import ForgeClient
+    from forge.client.client import ForgeClient
 
 __all__ = [
     "DEMO_TIMEOUT",
@@ -111,7 +111,7 @@ class DevOptions:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``forge dev`` flags (the parser lives in :mod:`forge.cli`)."""
+    """The ``forge dev`` flags (the parser lives in :mod:`forge.cli.main`)."""
     p.add_argument("--port", type=_port, default=7233, help="gRPC port (default %(default)s)")
     p.add_argument(
         "--ui-port", type=_port, default=None, help="Web UI port (default: --port + 1000, 8233)"
@@ -166,7 +166,7 @@ def _name(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point from ``forge dev``; returns the exit code."""
-    env = Settings.from_env()  # SettingsError -> exit 2 in forge.cli
+    env = Settings.from_env()  # SettingsError -> exit 2 in forge.cli.main
     cluster = args.cluster or env.cluster
     if not is_valid_name(cluster):
         raise SettingsError(f"FORGE_CLUSTER={cluster!r} is not a valid cluster name")
@@ -390,7 +390,12 @@ async def _session(
 ) -> int:
     from temporalio.service import RPCError
 
-    from forge.client import SEARCH_ATTRIBUTES, ForgeClient, ForgeError, ensure_search_attributes
+    from forge.client.client import (
+        SEARCH_ATTRIBUTES,
+        ForgeClient,
+        ForgeError,
+        ensure_search_attributes,
+    )
     from forge.stores import open_store
 
     address = f"localhost:{opts.port}"
@@ -456,7 +461,7 @@ async def _wait_for_server(address: str, timeout: float) -> Client:
     to open its database and create the namespace)."""
     from temporalio.client import Client
 
-    from forge.codec import data_converter
+    from forge.wire.codec import data_converter
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

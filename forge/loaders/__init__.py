@@ -42,8 +42,8 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge import models
-from forge.models import GPU_MILLI, MAX_GPUS, MAX_MEMORY, NAME_PATTERN, Job, Node, TaskGroup
+from forge.core import models
+from forge.core.models import GPU_MILLI, MAX_GPUS, MAX_MEMORY, NAME_PATTERN, Job, Node, TaskGroup
 
 try:  # libyaml's parser is ~10x faster; fall back to pure Python if it is missing.
     from yaml import CSafeLoader as _SafeLoader

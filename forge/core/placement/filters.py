@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge.models import Constraint, NodeState, Request, tolerated
-from forge.placement.state import NodeAlloc
+from forge.core.models import Constraint, NodeState, Request, tolerated
+from forge.core.placement.state import NodeAlloc
 
 __all__ = [
     "DEFAULT_FILTERS",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from forge.models import Assignment, Node, NodeState
+from forge.core.models import Assignment, Node, NodeState
 
 __all__ = ["violations"]
 

@@ -28,11 +28,11 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import MetricMeter
 
-from forge import contract as c
+from forge.wire import contract as c
 
 __all__ = ["DIVERGENCE", "Stuck", "diagnose", "recover", "watch"]
 
-log = structlog.get_logger("forge.watchdog")
+log = structlog.get_logger("forge.client.watchdog")
 
 _NDE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
 _DEADLOCK_MARK = "[TMPRL1101]"  # the SDK's code for an activation over its time limit

@@ -1,0 +1,1 @@
+"""The Temporal-facing client Forge's CLI, worker and tools share."""

@@ -1,0 +1,1 @@
+"""Long-running helpers around the loop: the dev stack and the codec server."""

@@ -1,0 +1,1 @@
+"""The wire: what the workflow, activities and clients exchange, and pure views of it."""

@@ -65,8 +65,8 @@ __all__ = [
     "TaskReport",
     "delta_digest",
     "migrate_url",
-    "sqlite_path",
     "open_store",
+    "sqlite_path",
     "store_kind",
 ]
 

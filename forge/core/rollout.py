@@ -79,7 +79,7 @@ class Replica:
     """One bound replica: its ordinal, the version it runs, its health since when."""
 
     ordinal: int
-    version: int
+    version: str
     health: Health
     since: float  # when ``health`` began (for STARTING: when it was placed)
 
@@ -96,8 +96,8 @@ class Phase(StrEnum):
 class Rollout:
     """The durable part of a rollout: kept in the workflow state across passes."""
 
-    version: int  # the version the group moves to
-    previous: int  # the last version that was healthy (the revert target)
+    version: str  # the version the group moves to (its spec digest)
+    previous: str  # the last version that was healthy (the revert target)
     promoted: bool = False
     last_wave: float | None = None  # when the latest replacements were made
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from forge.cli.main import main
+from forge.cli import main
 
 __all__: list[str] = []
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from forge.errors import InvalidInput
+
 __all__ = ["ENV_VARS", "Settings", "SettingsError"]
 
 #: Every variable Forge reads (the README's settings table lists the same).
@@ -35,7 +37,7 @@ ENV_VARS = (
 )
 
 
-class SettingsError(ValueError):
+class SettingsError(InvalidInput, ValueError):
     """A setting has a value Forge cannot use (the message names the variable)."""
 
 

@@ -41,7 +41,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from forge.cli import main as cli
+from forge import cli
 from forge.client.client import MAX_REQUEST_BYTES, ForgeClient, ForgeError
 from forge.core.models import (
     MAX_BATCH_BYTES,

@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from forge.cli import main as cli
+from forge import cli
 from forge.cli import output
 from forge.client.client import ForgeClient
 from forge.core.models import Job, Node

@@ -87,7 +87,7 @@ def test_dockerfile_copies_files_that_exist_and_runs_the_worker() -> None:
 def test_the_ui_decodes_through_the_codec_server_the_browser_can_reach() -> None:
     """The browser, not the UI server, calls TEMPORAL_CODEC_ENDPOINT: it must be the
     host's published port, and the codec server must admit the UI's origin."""
-    from forge.cli.main import build_parser
+    from forge.cli.services import codec_server_command
 
     ui = SERVICES["temporal-ui"]
     endpoint = urlparse(ui["environment"]["TEMPORAL_CODEC_ENDPOINT"])
@@ -96,7 +96,9 @@ def test_the_ui_decodes_through_the_codec_server_the_browser_can_reach() -> None
     assert _ports("codec")[8081] == endpoint.port
     assert all(str(p).startswith("127.0.0.1:") for p in codec["ports"])  # loopback only
     assert "codec" in ui["depends_on"]
-    args = build_parser().parse_args(codec["command"][1:])  # what the container runs
-    assert args.port == 8081 and args.host == "0.0.0.0"
-    assert f"http://localhost:{_ports('temporal-ui')[8080]}" in args.allow_origin
+    assert codec["command"][:2] == ["forge", "codec-server"]
+    # what the container runs, parsed as the command parses it
+    args = codec_server_command.make_context("codec-server", codec["command"][2:]).params
+    assert args["port"] == 8081 and args["host"] == "0.0.0.0"
+    assert f"http://localhost:{_ports('temporal-ui')[8080]}" in args["allow_origin"]
     assert codec["image"] == SERVICES[WORKERS[0]]["image"]  # the image has `forge`

@@ -11,7 +11,6 @@ server and client certificates made by ``openssl``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import io
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import psycopg
 import pytest
 import pytest_asyncio
@@ -41,7 +41,8 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
-from forge.cli import main as cli
+from forge import cli
+from forge.cli.root import forge as forge_command
 from forge.client.client import ForgeClient
 from forge.core.models import Job
 from forge.logs import REDACTED, configure, redact
@@ -85,14 +86,14 @@ def test_settings_take_credentials_from_the_environment_and_never_show_them() ->
 def test_no_command_line_flag_takes_a_credential() -> None:
     """Flags show up in `ps` and shell history: credentials must not be flags."""
 
-    def options(parser: Any) -> Iterator[str]:
-        for action in parser._actions:
-            yield from action.option_strings
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    yield from options(sub)
+    def options(command: click.Command) -> Iterator[str]:
+        for param in command.params:
+            yield from param.opts
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                yield from options(sub)
 
-    flags = set(options(cli.build_parser()))
+    flags = set(options(forge_command))
     assert "--address" in flags and "--store" in flags  # the walk reached subcommands
     words = ("key", "password", "token", "secret", "cert", "credential")
     assert not [f for f in flags if any(w in f for w in words)]

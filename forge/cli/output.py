@@ -1,6 +1,6 @@
 """Presentation for the ``forge`` command: tables, units, grouped reasons, JSON shapes.
 
-Kept apart from :mod:`forge.cli.main` so the command code reads as "get data, hand it
+Kept apart from :mod:`forge.cli`'s command modules so the command code reads as "get data, hand it
 to a renderer", and so ``forge dev`` prints status exactly the way ``forge status``
 does. Nothing here talks to a server or reads a file: every function takes plain
 data (models of :mod:`forge.wire.contract`, a :class:`forge.core.reconcile.Plan`) and returns

@@ -37,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from forge.client import watchdog
 from forge.core.models import MAX_BATCH_BYTES, Assignment, Job, Node
 from forge.core.placement import Binding
+from forge.errors import ForgeError, InvalidInput, Unavailable
 from forge.settings import Settings
 from forge.stores.base import Store
 from forge.wire import contract as c
@@ -97,14 +98,6 @@ def _busy_refusal(err: WorkflowUpdateFailedError) -> bool:
     return isinstance(cause, ApplicationError) and cause.type == _BUSY_TYPE
 
 
-class ForgeError(Exception):
-    """A request the cluster refused (``bad_input``: the caller's fault, exit 2)."""
-
-    def __init__(self, message: str, *, bad_input: bool = False) -> None:
-        super().__init__(message)
-        self.bad_input = bad_input
-
-
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     """Create Forge's search attributes where missing; returns the ones created.
 
@@ -143,15 +136,14 @@ def _batches(items: Sequence[_M], count: int) -> list[list[_M]]:
 
 
 def _check_size(what: str, arg: object) -> None:
-    """Refuse, before sending, a request too big for Temporal (ForgeError, bad input)."""
+    """Refuse, before sending, a request too big for Temporal (InvalidInput)."""
     if not isinstance(arg, BaseModel):
         return
     size = len(arg.model_dump_json())
     if size > MAX_REQUEST_BYTES:
-        raise ForgeError(
+        raise InvalidInput(
             f"{what}: the request is {size / 1024:,.0f} KiB as JSON; one request may carry "
-            f"at most {MAX_REQUEST_BYTES // 1024:,} KiB (Temporal refuses payloads over 2 MiB)",
-            bad_input=True,
+            f"at most {MAX_REQUEST_BYTES // 1024:,} KiB (Temporal refuses payloads over 2 MiB)"
         )
 
 
@@ -404,9 +396,8 @@ class ForgeClient:
 
     def _need_store(self, what: str) -> Store:
         if self.store is None:
-            raise ForgeError(
-                f"{what} reads the store the worker persists to: pass store= (FORGE_STORE)",
-                bad_input=True,
+            raise InvalidInput(
+                f"{what} reads the store the worker persists to: pass store= (FORGE_STORE)"
             )
         return self.store
 
@@ -503,4 +494,5 @@ def _refused(err: WorkflowUpdateFailedError) -> ForgeError:
         # the SDK could not decode the request ("Failed decoding arguments"): the
         # inner failure says which field (a client and worker of different versions)
         message = f"{message}: {cause.cause.message}"
-    return ForgeError(message, bad_input=not _busy_refusal(err))
+    # the workflow's validator refused it (the caller's fault), unless it is only busy
+    return Unavailable(message) if _busy_refusal(err) else InvalidInput(message)

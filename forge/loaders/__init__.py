@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core import models
 from forge.core.models import GPU_MILLI, MAX_GPUS, MAX_MEMORY, NAME_PATTERN, Job, Node, TaskGroup
+from forge.errors import InvalidInput
 
 try:  # libyaml's parser is ~10x faster; fall back to pure Python if it is missing.
     from yaml import CSafeLoader as _SafeLoader
@@ -107,9 +108,11 @@ _SECONDS_RE = re.compile(r"[0-9]{1,30}(\.[0-9]{1,30})?")
 _M = TypeVar("_M", bound=BaseModel)
 
 
-class InputError(Exception):
+class InputError(InvalidInput):
     """Bad user input. ``str(err)`` is the whole message, one problem per line, each
-    starting with the file name; the CLI prints it to stderr and exits 2."""
+    starting with the file name; the CLI prints it to stderr as it is and exits 2."""
+
+    prefixed = False
 
 
 # --------------------------------------------------------------------------- public

@@ -33,7 +33,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hmac
 import ipaddress
@@ -66,7 +65,6 @@ __all__ = [
     "TOKEN_ENV",
     "CodecServer",
     "CodecServerConfig",
-    "add_arguments",
     "run",
 ]
 
@@ -325,72 +323,9 @@ class CodecServer:
 # ------------------------------------------------------------------------- command
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``forge codec-server`` flags (the parser lives in :mod:`forge.cli.main`)."""
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        type=_host,
-        help="address to listen on (default %(default)s: this machine only)",
-    )
-    p.add_argument(
-        "--port",
-        type=_port,
-        default=DEFAULT_PORT,
-        help="port (default %(default)s; 0 picks a free one and prints it)",
-    )
-    p.add_argument(
-        "--allow-origin",
-        action="append",
-        type=_origin,
-        default=[],
-        metavar="ORIGIN",
-        help="a Web UI origin the browser may call from, e.g. http://localhost:8233 "
-        "(repeatable; * allows any)",
-    )
-    p.add_argument(
-        "--auth-file",
-        type=Path,
-        metavar="FILE",
-        help=f"require this token in Authorization (default: {TOKEN_ENV}, else no auth)",
-    )
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
-    return int(text)
-
-
-def _host(text: str) -> str:
-    text = text.strip("[]")
-    if not text or any(c.isspace() for c in text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a host name or IP address")
-    return text
-
-
-def _origin(text: str) -> str:
-    if text == "*":
-        return text
-    parts = urlsplit(text)
-    bad = (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or parts.path not in ("", "/")
-        or parts.query
-        or parts.fragment
-    )
-    if bad:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an origin: give scheme://host[:port], e.g. http://localhost:8233"
-        )
-    return f"{parts.scheme}://{parts.netloc}".lower()  # what browsers send: no slash
-
-
-def _token(args: argparse.Namespace) -> str:
+def _token(path: Path | None) -> str:
     from forge.settings import SettingsError
 
-    path: Path | None = args.auth_file
     if path is None:
         return os.environ.get(TOKEN_ENV, "").strip()
     try:
@@ -411,13 +346,20 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point from ``forge codec-server``; serves until SIGINT/SIGTERM."""
+def run(
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    allow_origin: Iterable[str] = (),
+    auth_file: Path | None = None,
+) -> int:
+    """Entry point from ``forge codec-server`` (the flags are defined in
+    :mod:`forge.cli.services`); serves until SIGINT/SIGTERM."""
     config = CodecServerConfig(
-        host=args.host,
-        port=args.port,
-        origins=frozenset(args.allow_origin),
-        token=_token(args),  # SettingsError -> exit 2 in forge.cli.main
+        host=host,
+        port=port,
+        origins=frozenset(allow_origin),
+        token=_token(auth_file),  # SettingsError -> exit 2 in forge.cli
     )
     try:
         server = CodecServer(config)

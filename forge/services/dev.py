@@ -33,7 +33,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -47,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from forge.cli import output
 from forge.core.models import is_valid_name
+from forge.errors import Unavailable
 from forge.loaders import InputError, load_jobs, load_nodes
 from forge.settings import Settings, SettingsError
 
@@ -60,7 +60,6 @@ __all__ = [
     "DESCRIPTION",
     "DevError",
     "DevOptions",
-    "add_arguments",
     "port_in_use",
     "run",
     "temporal_binary",
@@ -89,7 +88,7 @@ _LOG_TAIL = 15
 _T = TypeVar("_T")
 
 
-class DevError(Exception):
+class DevError(Unavailable):
     """``forge dev`` cannot go on; the message says why (exit 1)."""
 
 
@@ -110,76 +109,34 @@ class DevOptions:
     startup_timeout: float
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``forge dev`` flags (the parser lives in :mod:`forge.cli.main`)."""
-    p.add_argument("--port", type=_port, default=7233, help="gRPC port (default %(default)s)")
-    p.add_argument(
-        "--ui-port", type=_port, default=None, help="Web UI port (default: --port + 1000, 8233)"
-    )
-    p.add_argument(
-        "--codec-port",
-        type=_port,
-        default=None,
-        help="codec server port (default: --ui-port + 1, 8234, or a free one if taken)",
-    )
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="where state and logs go (default: FORGE_DATA_DIR, else .forge)",
-    )
-    p.add_argument("--cluster", type=_name, help="cluster name (FORGE_CLUSTER, default 'default')")
-    p.add_argument("--task-queue", help="task queue (FORGE_TASK_QUEUE, default 'forge')")
-    p.add_argument("--demo", action="store_true", help="load the examples and watch them place")
-    p.add_argument("--once", action="store_true", help="set up, print status, stop (for tests)")
-    p.add_argument(
-        "--startup-timeout",
-        type=_seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long the server may take to answer (default %(default)s)",
-    )
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
-def _name(text: str) -> str:
-    if not is_valid_name(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 1-63 of A-Z a-z 0-9 . _ -")
-    return text
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point from ``forge dev``; returns the exit code."""
-    env = Settings.from_env()  # SettingsError -> exit 2 in forge.cli.main
-    cluster = args.cluster or env.cluster
+def run(
+    *,
+    port: int = 7233,
+    ui_port: int | None = None,
+    codec_port: int | None = None,
+    data_dir: Path | None = None,
+    cluster: str | None = None,
+    task_queue: str | None = None,
+    demo: bool = False,
+    once: bool = False,
+    startup_timeout: float = 60.0,
+) -> int:
+    """Entry point from ``forge dev`` (the flags are defined in :mod:`forge.cli.services`);
+    returns the exit code. ``None`` means: from the environment, else the default."""
+    env = Settings.from_env()  # SettingsError -> exit 2 in forge.cli
+    cluster = cluster or env.cluster
     if not is_valid_name(cluster):
         raise SettingsError(f"FORGE_CLUSTER={cluster!r} is not a valid cluster name")
     opts = DevOptions(
-        port=args.port,
-        ui_port=args.ui_port or args.port + 1000,
-        codec_port=args.codec_port,
-        data_dir=(args.data_dir or env.data_dir).resolve(),
+        port=port,
+        ui_port=ui_port or port + 1000,
+        codec_port=codec_port,
+        data_dir=(data_dir or env.data_dir).resolve(),
         cluster=cluster,
-        task_queue=args.task_queue or env.task_queue,
-        demo=args.demo,
-        once=args.once,
-        startup_timeout=args.startup_timeout,
+        task_queue=task_queue or env.task_queue,
+        demo=demo,
+        once=once,
+        startup_timeout=startup_timeout,
     )
     if opts.ui_port > 65535:
         raise SettingsError(f"--ui-port {opts.ui_port} is not a port; pass --ui-port")
@@ -449,10 +406,12 @@ async def _session(
             return 0
         _say("forge dev: running; Ctrl-C stops the worker and the server")
         await _race(_forever(), stop, children)
-    except (RPCError, ForgeError) as err:
-        raise DevError(f"talking to the cluster workflow failed: {err}") from None
+    except DevError:
+        raise  # already says what failed (a child exited, a deadline passed)
     except InputError as err:
         raise DevError(f"demo files: {err}") from None
+    except (RPCError, ForgeError) as err:
+        raise DevError(f"talking to the cluster workflow failed: {err}") from None
     return 0  # pragma: no cover - _forever only ends by an exception
 
 

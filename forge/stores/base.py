@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.models import Assignment, Job, Node
+from forge.errors import Conflict, ForgeError
 
 __all__ = [
     "STATE_MOD",
@@ -44,11 +45,11 @@ __all__ = [
 ]
 
 
-class StoreError(Exception):
+class StoreError(ForgeError):
     """A store operation failed in a way a retry will not fix (bad data, conflict)."""
 
 
-class StaleFenceError(StoreError):
+class StaleFenceError(StoreError, Conflict):
     """A delta from an older pass arrived after a newer one was applied: refused."""
 
 

@@ -1,0 +1,91 @@
+"""``forge cluster start``, ``forge status`` and ``forge explain``: the cluster as
+a whole. Status and explain read what the last pass published to the store, never
+by querying the workflow (see DESIGN.md on queries)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from forge.cli import output
+from forge.cli.params import store_option, temporal_options
+from forge.cli.remote import print_json, remote, settings, web_ui_hint
+
+if TYPE_CHECKING:
+    from forge.client.client import ForgeClient
+
+__all__ = ["COMMANDS", "cluster", "explain", "status"]
+
+
+@click.group(subcommand_metavar="COMMAND", short_help="manage the cluster workflow")
+def cluster() -> None:
+    pass
+
+
+@cluster.command(short_help="start the cluster workflow if needed")
+@temporal_options
+def start(connect_timeout: float, **flags: str | None) -> int:
+    s = settings(**flags)
+
+    async def action(fc: ForgeClient) -> int:
+        run_id = await fc.start()
+        print(f"cluster {fc.cluster}: workflow {fc.workflow_id} running (run {run_id})")
+        print(web_ui_hint(s))
+        return 0
+
+    return remote(s, connect_timeout, action)
+
+
+@click.command(
+    short_help="show counts, nodes and pending replicas",
+    help=(
+        "Show the cluster's summary, nodes and pending replicas grouped by reason, as "
+        "the last pass published them: read from the store the worker persists to, "
+        "never by querying the workflow.\n\n"
+        "--json prints one object: {summary: {desired, bound, pending, ...}, nodes: "
+        "[{id, state, cpu: {capacity, allocated}, memory: {capacity, allocated}, gpus: "
+        "{total, allocated}}], assignments: [{workload_id, node, gpu_ids, status}], "
+        "pending: [{workload_id, reasons}]}. Units: millicores, MiB."
+    ),
+)
+@temporal_options
+@store_option
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("-a", "--assignments", is_flag=True, help="also list every binding (human output)")
+def status(as_json: bool, assignments: bool, connect_timeout: float, **flags: str | None) -> int:
+    async def action(fc: ForgeClient) -> int:
+        view = await fc.status()
+        if as_json:
+            print_json(output.status_json(view, await fc.assignments()))
+            return 0
+        print(output.status_text(fc.cluster, view))
+        if assignments:
+            rows = [
+                (a.workload_id, a.node, ",".join(a.gpu_ids) or "-", a.status)
+                for a in await fc.assignments()
+            ]
+            print()
+            print(output.table(("WORKLOAD", "NODE", "GPUS", "STATUS"), rows))
+        return 0
+
+    return remote(settings(**flags), connect_timeout, action, reads_store=True)
+
+
+@click.command(short_help="why a replica is where it is, or not placed (reads the store)")
+@click.argument("workload_id", metavar="WORKLOAD_ID")
+@temporal_options
+@store_option
+def explain(workload_id: str, connect_timeout: float, **flags: str | None) -> int:
+    """Why a replica is where it is, or not placed (reads the store).
+
+    WORKLOAD_ID is job/group/ordinal, e.g. web/api/0."""
+
+    async def action(fc: ForgeClient) -> int:
+        print(output.explain_text(await fc.explain(workload_id)))
+        return 0
+
+    return remote(settings(**flags), connect_timeout, action, reads_store=True)
+
+
+COMMANDS = [cluster, status, explain]

@@ -1,0 +1,258 @@
+"""Reaching the cluster: settings, the Temporal connection, the store, and turning
+their failures into :mod:`forge.errors` kinds (which :func:`forge.cli.main` maps to
+exit codes).
+
+Temporal is imported here lazily: ``forge plan`` and ``forge job validate`` never
+talk to a server, so they do not pay for importing the SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from forge.cli.params import NAME_HELP, address_problem
+from forge.core.models import is_valid_name
+from forge.errors import ForgeError, InvalidInput, Unavailable
+from forge.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+    from temporalio.service import RPCError
+
+    from forge.client.client import ForgeClient
+    from forge.stores import Store
+
+__all__ = [
+    "connect_problem",
+    "one_line",
+    "open_existing_store",
+    "print_json",
+    "remote",
+    "safe_url",
+    "settings",
+    "store_call",
+    "web_ui_hint",
+]
+
+_T = TypeVar("_T")
+
+
+def settings(
+    *,
+    address: str | None = None,
+    namespace: str | None = None,
+    cluster: str | None = None,
+    task_queue: str | None = None,
+    store: str | None = None,
+) -> Settings:
+    """``FORGE_*`` environment overridden by the flags the command has (flags win)."""
+    s = Settings.from_env().override(
+        address=address, namespace=namespace, cluster=cluster, task_queue=task_queue, store=store
+    )
+    if not is_valid_name(s.cluster):
+        raise SettingsError(f"FORGE_CLUSTER={s.cluster!r}: a cluster name must be {NAME_HELP}")
+    problem = address_problem(s.address)
+    if problem:
+        raise SettingsError(f"FORGE_TEMPORAL_ADDRESS: {problem}")
+    if not s.task_queue.strip() or not s.namespace.strip():
+        raise SettingsError("FORGE_TASK_QUEUE and FORGE_NAMESPACE must not be empty")
+    return s
+
+
+def print_json(obj: object) -> None:
+    """One JSON document: indented on a terminal, one compact line for pipes."""
+    indent = 2 if sys.stdout.isatty() else None
+    print(json.dumps(obj, indent=indent))
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def web_ui_hint(s: Settings) -> str:
+    """Where to see the workflow; a dev server's UI is the gRPC port + 1000."""
+    wid = f"forge-cluster-{s.cluster}"
+    host, _, port = s.address.rpartition(":")
+    if host in ("localhost", "127.0.0.1", "[::1]") and port.isdigit():
+        return (
+            f"Web UI (dev server): http://{host}:{int(port) + 1000}/namespaces/"
+            f"{s.namespace}/workflows/{wid}"
+        )
+    return f"Web UI: open workflow {wid} in namespace {s.namespace}"
+
+
+# ------------------------------------------------------------------------ Temporal
+
+
+def connect_problem(err: BaseException) -> str:
+    """The useful part of the SDK's connect error (a Rust debug dump)."""
+    text = str(err)
+    messages = re.findall(r'message: "([^"]+)"', text)
+    if messages:
+        return str(messages[-1]).lower()
+    return one_line(text.removeprefix("Failed client connect: "))
+
+
+async def _connect(s: Settings, timeout: float) -> Client:
+    try:
+        client: Client = await asyncio.wait_for(s.connect(), timeout)
+    except TimeoutError:
+        raise Unavailable(
+            f"cannot connect to Temporal at {s.address}: no answer within {timeout:g} s"
+        ) from None
+    except SettingsError:
+        raise  # an unreadable TLS file: bad input (exit 2), not a connection failure
+    except (RuntimeError, OSError, ValueError) as err:
+        raise Unavailable(
+            f"cannot connect to Temporal at {s.address}: {connect_problem(err)}"
+        ) from None
+    return client
+
+
+def _rpc_failure(err: RPCError, s: Settings) -> ForgeError:
+    from temporalio.service import RPCStatusCode
+
+    msg = one_line(err.message or str(err))
+    wid = f"forge-cluster-{s.cluster}"
+    if err.status == RPCStatusCode.NOT_FOUND and "workflow" in msg.lower():
+        return Unavailable(
+            f"cluster {s.cluster!r} is not running (no workflow {wid} in namespace "
+            f"{s.namespace!r}); start it with `forge cluster start` or `forge job run`"
+        )
+    if err.status == RPCStatusCode.DEADLINE_EXCEEDED or "timeout expired" in msg.lower():
+        return Unavailable(
+            f"the cluster workflow {wid} did not answer in time: is a worker (`forge worker`) "
+            f"polling task queue {s.task_queue!r} at {s.address}?"
+        )
+    if err.status == RPCStatusCode.UNAVAILABLE:
+        return Unavailable(f"Temporal at {s.address} is unavailable: {msg}")
+    return ForgeError(f"Temporal at {s.address}: {err.status.name.lower()}: {msg}")
+
+
+def remote(
+    s: Settings,
+    timeout: float,
+    action: Callable[[ForgeClient], Awaitable[int]],
+    *,
+    reads_store: bool = False,
+) -> int:
+    """Connect with the command's settings, run ``action``, turn SDK errors into
+    Forge's. ``reads_store``: the command reads what the loop published to the store."""
+    return asyncio.run(_run_remote(s, timeout, action, reads_store))
+
+
+async def _run_remote(
+    s: Settings,
+    timeout: float,
+    action: Callable[[ForgeClient], Awaitable[int]],
+    reads_store: bool,
+) -> int:
+    from temporalio.client import (
+        WorkflowQueryFailedError,
+        WorkflowQueryRejectedError,
+        WorkflowUpdateRPCTimeoutOrCancelledError,
+    )
+    from temporalio.service import RPCError
+
+    from forge.client.client import ForgeClient
+
+    asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
+    client = await _connect(s, timeout)
+    store = open_existing_store(s.store_url) if reads_store else None
+    fc = ForgeClient(client, cluster=s.cluster, task_queue=s.task_queue, store=store)
+    try:
+        return await action(fc)
+    except ForgeError as err:  # the cluster refused: keep the kind, make it one line
+        err.args = (one_line(str(err)),)
+        raise err from None
+    except RPCError as err:
+        raise _rpc_failure(err, s) from None
+    except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as err:
+        raise ForgeError(f"query refused by {fc.workflow_id}: {one_line(str(err))}") from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        raise Unavailable(
+            f"no answer from {fc.workflow_id} in time: is a worker polling task queue "
+            f"{s.task_queue!r}?"
+        ) from None
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _quiet_sdk_orphans(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Drop asyncio's "Future exception was never retrieved" for Temporal errors.
+
+    A failed update-with-start also fails the start operation's workflow-handle
+    future, which nobody awaits; asyncio then prints that error again, with a
+    traceback, when the future is collected. The failure itself has already been
+    reported as one line; anything else goes to the default handler.
+    """
+    from temporalio.exceptions import TemporalError
+
+    orphan = str(context.get("message", "")).startswith("Future exception was never retrieved")
+    if orphan and isinstance(context.get("exception"), TemporalError):
+        return
+    loop.default_exception_handler(context)
+
+
+# --------------------------------------------------------------------------- store
+
+
+def safe_url(url: str) -> str:
+    """A store URL without its password (``user:PASSWORD@`` or ``?password=``), for
+    messages."""
+    url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1***", url)
+
+
+def open_existing_store(url: str) -> Store:
+    """Open the store a worker already writes: refuse to create an empty one by
+    accident (a wrong FORGE_DATA_DIR would otherwise look like an empty cluster)."""
+    from forge.stores import open_store, store_kind
+    from forge.stores.sqlite import sqlite_path
+
+    try:
+        kind = store_kind(url)
+    except ValueError as err:
+        raise InvalidInput(str(err)) from None
+    if kind == "memory":
+        raise InvalidInput(
+            "memory:// lives inside the worker process; pass the worker's sqlite or "
+            "postgres store with --store or FORGE_STORE"
+        )
+    if kind == "sqlite" and not os.path.exists(sqlite_path(url)):
+        raise Unavailable(
+            f"no store at {sqlite_path(url)}: point --store, FORGE_STORE or "
+            "FORGE_DATA_DIR at the store the worker uses"
+        )
+    return store_call(lambda: open_store(url), url)
+
+
+def store_call(fn: Callable[[], _T], url: str) -> _T:
+    """Run a store operation; database failures become :class:`Unavailable` with the
+    URL named (a stale fence stays a :class:`~forge.errors.Conflict`)."""
+    import sqlite3
+
+    from forge.stores import StoreError
+
+    try:
+        return fn()
+    except Exception as err:
+        # psycopg is imported by fn itself (when it opens a PostgreSQL store), so its
+        # error class can only be looked up now
+        pg = sys.modules.get("psycopg")
+        errors: tuple[type[BaseException], ...] = (StoreError, OSError, sqlite3.Error)
+        if not (isinstance(err, errors) or (pg is not None and isinstance(err, pg.Error))):
+            raise
+        message = f"store {safe_url(url)}: {one_line(str(err))}"
+        if isinstance(err, ForgeError):  # keep its kind (a stale fence is a Conflict)
+            err.args = (message,)
+            raise err from None
+        raise Unavailable(message) from None

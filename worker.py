@@ -61,12 +61,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             )
         )
     client = await Client.connect(
-        settings.address,
-        namespace=settings.namespace,
-        data_converter=data_converter(),
-        tls=settings.tls_config(),
-        api_key=settings.api_key or None,
-        runtime=runtime,
+        **settings.connect_config(), data_converter=data_converter(), runtime=runtime
     )
     try:
         created = await ensure_search_attributes(client, settings.namespace)

@@ -1,116 +1,153 @@
-"""``FORGE_*`` settings, read once, shared by the worker, the CLI and the client.
+"""Settings, read once, shared by the worker, the CLI and the client.
 
-Command-line flags win over the environment, the environment over defaults.
-Credentials (API key, TLS key) come only from the environment or from files and
-are never part of ``repr`` or a log line.
+Two sources, each for what it owns:
+
+- **The Temporal connection** comes from ``temporalio.envconfig``, as in every
+  Temporal tool: ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``,
+  ``TEMPORAL_TLS*``, ``TEMPORAL_GRPC_META_*``, and profiles from the TOML file
+  (``TEMPORAL_CONFIG_FILE``, ``TEMPORAL_PROFILE``).
+- **Forge's own** ``FORGE_*`` variables, one declaration each below. The older
+  ``FORGE_TEMPORAL_*`` / ``FORGE_NAMESPACE`` ones still work and, when set, win over
+  the Temporal ones (a deployment that sets both meant the Forge one).
+
+Command-line flags win over both, the environment over defaults. An empty variable
+counts as unset. Credentials (API key, TLS key, gRPC metadata) come only from the
+environment or files and are never part of ``repr`` or a log line.
+
+``Settings(...)`` is the defaults plus what is passed (tests build it this way);
+only ``Settings.from_env`` reads an environment, the process's or a mapping.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, InstanceOf, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, ClientConnectConfig
 
 from forge.errors import InvalidInput
 
-__all__ = ["ENV_VARS", "Settings", "SettingsError"]
-
-#: Every variable Forge reads (the README's settings table lists the same).
-ENV_VARS = (
-    "FORGE_TEMPORAL_ADDRESS",
-    "FORGE_NAMESPACE",
-    "FORGE_TASK_QUEUE",
-    "FORGE_CLUSTER",
-    "FORGE_DATA_DIR",
-    "FORGE_STORE",
-    "FORGE_METRICS_PORT",
-    "FORGE_LOG_FORMAT",
-    "FORGE_TEMPORAL_TLS",
-    "FORGE_TEMPORAL_TLS_CERT",
-    "FORGE_TEMPORAL_TLS_KEY",
-    "FORGE_TEMPORAL_TLS_CA",
-    "FORGE_TEMPORAL_TLS_SERVER_NAME",
-    "FORGE_TEMPORAL_API_KEY",
-    "FORGE_WATCHDOG_SECONDS",
-)
+__all__ = ["ENV_VARS", "TEMPORAL_ENV_VARS", "Settings", "SettingsError", "load_temporal_profile"]
 
 
 class SettingsError(InvalidInput, ValueError):
     """A setting has a value Forge cannot use (the message names the variable)."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+#: The Temporal variables ``temporalio.envconfig`` reads (besides ``TEMPORAL_GRPC_META_*``).
+TEMPORAL_ENV_VARS = (
+    "TEMPORAL_ADDRESS",
+    "TEMPORAL_NAMESPACE",
+    "TEMPORAL_API_KEY",
+    "TEMPORAL_TLS",
+    "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "TEMPORAL_TLS_SERVER_NAME",
+    "TEMPORAL_CONFIG_FILE",
+    "TEMPORAL_PROFILE",
+)
+
+_TLS_VARS = (
+    "FORGE_TEMPORAL_TLS",
+    "FORGE_TEMPORAL_TLS_CERT",
+    "FORGE_TEMPORAL_TLS_KEY",
+    "FORGE_TEMPORAL_TLS_CA",
+    "FORGE_TEMPORAL_TLS_SERVER_NAME",
+)
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if not value >= 0:
-        raise SettingsError(f"{name}={raw!r} must be 0 or more")
-    return value
+def _var(name: str, default: Any, description: str, **kw: Any) -> Any:
+    return Field(default, validation_alias=name, description=description, **kw)
 
 
-@dataclass(frozen=True)
-class Settings:
-    address: str = "localhost:7233"
-    namespace: str = "default"
-    task_queue: str = "forge"
-    cluster: str = "default"
-    data_dir: Path = Path(".forge")
-    store: str = ""
-    metrics_port: int = 0
-    log_format: str = "auto"  # auto | console | json
-    tls: bool = False
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_ca: str = ""
-    tls_server_name: str = ""
-    api_key: str = field(default="", repr=False)
-    watchdog_seconds: float = 10.0  # 0: the worker runs no watchdog
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        frozen=True, validate_by_name=True, validate_by_alias=True, extra="forbid"
+    )
+
+    # -- the Temporal connection (defaults: envconfig, then these) ------------------
+    address: str = _var("FORGE_TEMPORAL_ADDRESS", "localhost:7233", "Temporal frontend host:port")
+    namespace: str = _var("FORGE_NAMESPACE", "default", "Temporal namespace")
+    tls: bool = _var("FORGE_TEMPORAL_TLS", False, "`1` to use TLS with the system roots")
+    tls_cert: str = _var("FORGE_TEMPORAL_TLS_CERT", "", "mTLS client certificate file")
+    tls_key: str = _var("FORGE_TEMPORAL_TLS_KEY", "", "mTLS client key file")
+    tls_ca: str = _var("FORGE_TEMPORAL_TLS_CA", "", "CA file for the server's certificate")
+    tls_server_name: str = _var("FORGE_TEMPORAL_TLS_SERVER_NAME", "", "TLS server name override")
+    api_key: str = _var(
+        "FORGE_TEMPORAL_API_KEY", "", "API key (Temporal Cloud); never logged", repr=False
+    )
+    # -- Forge's own -----------------------------------------------------------------
+    task_queue: str = _var("FORGE_TASK_QUEUE", "forge", "task queue of the workflow and activities")
+    cluster: str = _var("FORGE_CLUSTER", "default", "cluster name (workflow forge-cluster-<name>)")
+    data_dir: Path = _var(
+        "FORGE_DATA_DIR", Path(".forge"), "where `forge dev` and the default store keep files"
+    )
+    store: str = _var("FORGE_STORE", "", "store URL; empty: sqlite in FORGE_DATA_DIR")
+    metrics_port: int = _var(
+        "FORGE_METRICS_PORT", 0, "Prometheus endpoint of the worker (0: off)", ge=0, le=65535
+    )
+    log_format: Literal["auto", "console", "json"] = _var(
+        "FORGE_LOG_FORMAT", "auto", "console on a terminal, json otherwise (auto), or forced"
+    )
+    watchdog_seconds: float = _var(
+        "FORGE_WATCHDOG_SECONDS", 10.0, "how often the worker's watchdog looks (0: off)", ge=0
+    )
+    # -- from envconfig only, no FORGE_* variable ------------------------------------
+    temporal_tls: InstanceOf[ClientConfigTLS] | None = Field(default=None, repr=False)
+    rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only what is passed: from_env adds the environment explicitly, so a test's
+        # Settings(...) never picks up the developer's shell.
+        return (init_settings,)
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise SettingsError(_explain(err)) from None
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError("FORGE_TEMPORAL_TLS_CERT and FORGE_TEMPORAL_TLS_KEY go together")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        e = os.environ if env is None else env
-        s = cls(
-            address=e.get("FORGE_TEMPORAL_ADDRESS", cls.address),
-            namespace=e.get("FORGE_NAMESPACE", cls.namespace),
-            task_queue=e.get("FORGE_TASK_QUEUE", cls.task_queue),
-            cluster=e.get("FORGE_CLUSTER", cls.cluster),
-            data_dir=Path(e.get("FORGE_DATA_DIR", str(cls.data_dir))),
-            store=e.get("FORGE_STORE", ""),
-            metrics_port=_int(e, "FORGE_METRICS_PORT", 0),
-            log_format=e.get("FORGE_LOG_FORMAT", "auto"),
-            tls=e.get("FORGE_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
-            tls_cert=e.get("FORGE_TEMPORAL_TLS_CERT", ""),
-            tls_key=e.get("FORGE_TEMPORAL_TLS_KEY", ""),
-            tls_ca=e.get("FORGE_TEMPORAL_TLS_CA", ""),
-            tls_server_name=e.get("FORGE_TEMPORAL_TLS_SERVER_NAME", ""),
-            api_key=e.get("FORGE_TEMPORAL_API_KEY", ""),
-            watchdog_seconds=_float(e, "FORGE_WATCHDOG_SECONDS", 10.0),
-        )
-        if s.log_format not in ("auto", "console", "json"):
-            raise SettingsError(f"FORGE_LOG_FORMAT={s.log_format!r}: use auto, console or json")
-        if bool(s.tls_cert) != bool(s.tls_key):
-            raise SettingsError("FORGE_TEMPORAL_TLS_CERT and FORGE_TEMPORAL_TLS_KEY go together")
-        return s
+        """Settings from ``env`` (default: the process environment): ``FORGE_*`` over
+        the Temporal environment configuration over the defaults."""
+        e = dict(os.environ if env is None else env)
+        forge = _Environment(cls, e)()
+        profile = load_temporal_profile(e)
+        temporal: dict[str, Any] = {"rpc_metadata": dict(profile.grpc_meta)}
+        if profile.address and "FORGE_TEMPORAL_ADDRESS" not in forge:
+            temporal["address"] = profile.address
+        if profile.namespace and "FORGE_NAMESPACE" not in forge:
+            temporal["namespace"] = profile.namespace
+        if profile.api_key and "FORGE_TEMPORAL_API_KEY" not in forge:
+            temporal["api_key"] = profile.api_key
+        if profile.tls is not None and not any(v in forge for v in _TLS_VARS):
+            temporal["temporal_tls"] = profile.tls
+        return cls(**forge, **temporal)
 
     def override(self, **changes: Any) -> Settings:
         """Apply command-line flags (None means "not given")."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        given = {k: v for k, v in changes.items() if v is not None}
+        return type(self)(**{**self._values(), **given})
+
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
     @property
     def store_url(self) -> str:
@@ -119,9 +156,21 @@ class Settings:
         return f"sqlite:///{(self.data_dir / 'forge.db').resolve()}"
 
     def tls_config(self) -> Any:
-        """A ``temporalio.service.TLSConfig``, True, or False, from the TLS settings."""
+        """A ``temporalio.service.TLSConfig``, True, or False.
+
+        ``FORGE_TEMPORAL_TLS*`` if any is set, else the Temporal profile's TLS, else
+        TLS exactly when there is an API key (as ``envconfig`` does).
+        """
         from temporalio.service import TLSConfig
 
+        forge_tls = self.tls or self.tls_cert or self.tls_ca or self.tls_server_name
+        if not forge_tls and self.temporal_tls is not None:
+            try:
+                return self.temporal_tls.to_connect_tls_config()
+            except OSError as err:
+                raise SettingsError(
+                    f"TEMPORAL_TLS_*: cannot read {err.filename}: {err.strerror}"
+                ) from None
         if not (self.tls or self.tls_cert or self.tls_ca or self.api_key):
             return False
         if not (self.tls_cert or self.tls_ca or self.tls_server_name):
@@ -142,16 +191,77 @@ class Settings:
             domain=self.tls_server_name or None,
         )
 
+    def connect_config(self) -> ClientConnectConfig:
+        """The keyword arguments of ``Client.connect`` for these settings (the same
+        shape ``envconfig``'s ``to_client_connect_config`` returns)."""
+        config: ClientConnectConfig = {
+            "target_host": self.address,
+            "namespace": self.namespace,
+            "tls": self.tls_config(),
+        }
+        if self.api_key:
+            config["api_key"] = self.api_key
+        if self.rpc_metadata:
+            config["rpc_metadata"] = dict(self.rpc_metadata)
+        return config
+
     async def connect(self) -> Any:
         """A ``temporalio.client.Client`` with Forge's data converter."""
         from temporalio.client import Client
 
         from forge.wire.codec import data_converter
 
-        return await Client.connect(
-            self.address,
-            namespace=self.namespace,
-            data_converter=data_converter(),
-            tls=self.tls_config(),
-            api_key=self.api_key or None,
-        )
+        return await Client.connect(**self.connect_config(), data_converter=data_converter())
+
+
+#: Every ``FORGE_*`` variable Forge reads (the README's settings table lists the same).
+ENV_VARS: tuple[str, ...] = tuple(
+    str(f.validation_alias) for f in Settings.model_fields.values() if f.validation_alias
+)
+
+
+class _Environment(PydanticBaseSettingsSource):
+    """The ``FORGE_*`` variables of any mapping (``EnvSettingsSource`` only reads
+    ``os.environ``); keys are the variable names, which are the fields' aliases."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self._env = env
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = str(field.validation_alias or "")
+        return self._env.get(name) or None, name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for field_name, field in self.settings_cls.model_fields.items():
+            value, name, _ = self.get_field_value(field, field_name)
+            if name and value is not None:
+                values[name] = value
+        return values
+
+
+def load_temporal_profile(env: Mapping[str, str] | None = None) -> ClientConfigProfile:
+    """The Temporal connection profile of ``env``, as every Temporal tool reads it:
+    the TOML file (``TEMPORAL_CONFIG_FILE`` or the default path) and profile
+    (``TEMPORAL_PROFILE``, default ``default``), overridden by ``TEMPORAL_*``."""
+    e = dict(os.environ if env is None else env)
+    try:
+        return ClientConfigProfile.load(override_env_vars=e)
+    except (RuntimeError, OSError, ValueError) as err:
+        where = e.get("TEMPORAL_CONFIG_FILE") or "the default Temporal config file"
+        profile = e.get("TEMPORAL_PROFILE") or "default"
+        raise SettingsError(f"TEMPORAL_PROFILE={profile!r} in {where}: {err}") from None
+
+
+def _explain(err: ValidationError) -> str:
+    """One line per bad value, each naming the variable it came from."""
+    aliases = {n: str(f.validation_alias) for n, f in Settings.model_fields.items()}
+    lines = []
+    for e in err.errors():
+        loc = str(e["loc"][0]) if e["loc"] else ""
+        var = aliases.get(loc, loc)
+        value = e.get("input")
+        shown = "" if "API_KEY" in var else f"={value!r}"
+        lines.append(f"{var}{shown}: {e['msg']}")
+    return "; ".join(lines)

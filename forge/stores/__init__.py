@@ -29,7 +29,6 @@ from forge.stores.base import (
 
 if TYPE_CHECKING:
     from forge.stores.memory import MemoryStore
-    from forge.stores.migrations import migrate_url
     from forge.stores.sqlite import SqliteStore, sqlite_path
 
 # The backends load on first use: the workflow imports the row types above through
@@ -38,7 +37,6 @@ _LAZY = {
     "MemoryStore": "forge.stores.memory",
     "SqliteStore": "forge.stores.sqlite",
     "sqlite_path": "forge.stores.sqlite",
-    "migrate_url": "forge.stores.migrations",
 }
 
 
@@ -102,3 +100,31 @@ def open_store(url: str) -> Store:
     from forge.stores.postgres import PostgresStore
 
     return PostgresStore(url)
+
+
+def migrate_url(url: str) -> int:
+    """Migrate the store at ``url`` (a ``FORGE_STORE`` value); returns the version.
+
+    Here rather than in ``migrations`` so that module stays a leaf the backends
+    import, never one that imports them back. The memory store has no schema and
+    reports version 0.
+    """
+    kind = store_kind(url)
+    if kind == "memory":
+        return 0
+    if kind == "sqlite":
+        from forge.stores.sqlite import SqliteStore, sqlite_path
+
+        store = SqliteStore(sqlite_path(url))  # migrates on open
+        try:
+            return store.schema_version
+        finally:
+            store.close()
+    from forge.stores.migrations import migrate
+    from forge.stores.postgres import connect_postgres
+
+    conn, schema = connect_postgres(url)
+    try:
+        return migrate(conn, schema=schema)
+    finally:
+        conn.close()

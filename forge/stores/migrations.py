@@ -11,6 +11,9 @@ under ``pg_advisory_xact_lock`` with one constant key for the whole database, so
 concurrent migrators (and the ``CREATE SCHEMA`` that precedes them) queue up
 behind each other and the later ones find nothing left to do.
 
+This module is a leaf: it knows the DDL and the locking, not the stores. A backend
+hands ``migrate`` an open connection; ``forge.stores.migrate_url`` picks the backend.
+
 Steps are append-only: never edit a released step, add a new one. Both dialects
 keep the same number of steps so a version number means the same layout in both.
 """
@@ -32,7 +35,6 @@ __all__ = [
     "SCHEMA_NAME_PATTERN",
     "SQLITE_MIGRATIONS",
     "migrate",
-    "migrate_url",
 ]
 
 #: Key of the PostgreSQL advisory lock that serialises migrations ("Forg").
@@ -289,30 +291,3 @@ def migrate(
     if schema is not None and not re.match(SCHEMA_NAME_PATTERN, schema):
         raise ValueError(f"invalid schema name {schema!r}")
     return _migrate_postgres(conn, schema)
-
-
-def migrate_url(url: str) -> int:
-    """Migrate the store at ``url`` (a ``FORGE_STORE`` value); returns the version.
-
-    The memory store has no schema and reports version 0.
-    """
-    from forge.stores import store_kind
-
-    kind = store_kind(url)
-    if kind == "memory":
-        return 0
-    if kind == "sqlite":
-        from forge.stores.sqlite import SqliteStore, sqlite_path
-
-        store = SqliteStore(sqlite_path(url))  # migrates on open
-        try:
-            return store.schema_version
-        finally:
-            store.close()
-    from forge.stores.postgres import connect_postgres
-
-    conn, schema = connect_postgres(url)
-    try:
-        return migrate(conn, schema=schema)
-    finally:
-        conn.close()

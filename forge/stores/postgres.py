@@ -27,7 +27,6 @@ works too, but then the schema must already exist.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -40,21 +39,27 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
-from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.core.models import Assignment, Job
 from forge.stores import migrations
 from forge.stores.base import (
     ApplyResult,
     Delta,
     Fence,
-    JobChange,
-    JobPage,
     StoreError,
     TaskReport,
     check_fence,
     delta_digest,
-    mean_usage,
 )
 from forge.stores.migrations import SCHEMA_NAME_PATTERN
+from forge.stores.sql import (
+    ASSIGNMENT_UPSERT_SET,
+    SqlReads,
+    gpu_ids_json,
+    write_jobs,
+    write_nodes,
+    write_reports,
+    write_status,
+)
 
 __all__ = ["PostgresStore", "connect_postgres", "parse_postgres_url"]
 
@@ -164,23 +169,7 @@ class _Pool:
             conn.close()
 
 
-def _assignment(row: tuple[Any, ...]) -> Assignment:
-    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli = row
-    return Assignment(
-        workload_id=workload,
-        job=job,
-        group=group,
-        ordinal=ordinal,
-        node=node,
-        gpu_ids=tuple(gpu_ids),  # jsonb arrives decoded as a list
-        cpu=cpu,
-        memory=memory,
-        status=AssignmentStatus(status),
-        gpu_milli=milli,
-    )
-
-
-class PostgresStore:
+class PostgresStore(SqlReads):
     """The ``Store`` protocol over PostgreSQL; see the module docstring."""
 
     def __init__(self, url: str, *, migrate: bool = True, max_connections: int = 8) -> None:
@@ -198,6 +187,8 @@ class PostgresStore:
             conn.close()
             raise
         self._pool.put(conn)
+
+    DIALECT = "postgres"
 
     @contextmanager
     def _tx(self) -> Iterator[Cursor]:
@@ -229,13 +220,7 @@ class PostgresStore:
                 (cluster, n, n),
             )
             last = _scalar(cur)
-            first = last - n + 1
-            cur.executemany(
-                "INSERT INTO jobs (cluster, job_id, revision, spec)"
-                " VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (cluster, job_id)"
-                " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
-                [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
-            )
+            write_jobs(cur, "postgres", cluster, jobs, last - n + 1)
         return last
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:
@@ -261,44 +246,6 @@ class PostgresStore:
                 (revision, cluster, job_id),
             )
         return revision
-
-    def get_job(self, cluster: str, job_id: str) -> Job | None:
-        row = self._one(
-            "SELECT spec::text FROM jobs WHERE cluster = %s AND job_id = %s", (cluster, job_id)
-        )
-        return Job.model_validate_json(row[0]) if row is not None and row[0] is not None else None
-
-    def list_jobs(self, cluster: str) -> list[Job]:
-        rows = self._all(
-            "SELECT spec::text FROM jobs WHERE cluster = %s AND spec IS NOT NULL ORDER BY job_id",
-            (cluster,),
-        )
-        return [Job.model_validate_json(spec) for (spec,) in rows]
-
-    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
-        limit = max(limit, 0)
-        rows = self._all(
-            "SELECT revision, job_id, spec::text FROM jobs WHERE cluster = %s AND revision > %s"
-            " ORDER BY revision LIMIT %s",
-            (cluster, since, limit + 1),
-        )
-        changes = [
-            JobChange(
-                revision=rev,
-                job_id=job_id,
-                job=Job.model_validate_json(spec) if spec is not None else None,
-            )
-            for rev, job_id, spec in rows[:limit]
-        ]
-        return JobPage(
-            changes=changes,
-            revision=changes[-1].revision if changes else since,
-            more=len(rows) > limit,
-        )
-
-    def revision(self, cluster: str) -> int:
-        row = self._one("SELECT revision FROM clusters WHERE cluster = %s", (cluster,))
-        return int(row[0]) if row is not None else 0
 
     # -- actual state --------------------------------------------------------------
     def apply_delta(self, cluster: str, fence: Fence, delta: Delta) -> ApplyResult:
@@ -338,21 +285,9 @@ class PostgresStore:
                     (cluster, list(delta.nodes_remove)),
                 )
             if delta.nodes_upsert:
-                cur.executemany(
-                    "INSERT INTO nodes (cluster, id, spec, state) VALUES (%s, %s, %s::jsonb, %s)"
-                    " ON CONFLICT (cluster, id)"
-                    " DO UPDATE SET spec = excluded.spec, state = excluded.state",
-                    [
-                        (cluster, n.id, n.model_dump_json(), n.state.value)
-                        for n in delta.nodes_upsert
-                    ],
-                )
+                write_nodes(cur, "postgres", cluster, delta.nodes_upsert)
             if delta.status is not None:
-                cur.execute(
-                    "INSERT INTO loop_status (cluster, doc) VALUES (%s, %s)"
-                    " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
-                    (cluster, delta.status),
-                )
+                write_status(cur, "postgres", cluster, delta.status)
             cur.execute(
                 "UPDATE fences SET generation = %s, pass_no = %s, digest = %s WHERE cluster = %s",
                 (fence.generation, fence.pass_no, digest, cluster),
@@ -374,11 +309,7 @@ class PostgresStore:
             " SELECT %s, w, j, g, o, n, gi::jsonb, c, m, s, gm FROM unnest("
             "%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[],"
             " %s::bigint[], %s::bigint[], %s::text[], %s::int[])"
-            " AS t(w, j, g, o, n, gi, c, m, s, gm)"
-            " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
-            " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
-            " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu, memory = excluded.memory,"
-            " status = excluded.status, gpu_milli = excluded.gpu_milli",
+            " AS t(w, j, g, o, n, gi, c, m, s, gm)" + ASSIGNMENT_UPSERT_SET,
             (
                 cluster,
                 [a.workload_id for a in last],
@@ -386,39 +317,13 @@ class PostgresStore:
                 [a.group for a in last],
                 [a.ordinal for a in last],
                 [a.node for a in last],
-                [_json_list(a.gpu_ids) for a in last],
+                [gpu_ids_json(a) for a in last],
                 [a.cpu for a in last],
                 [a.memory for a in last],
                 [a.status.value for a in last],
                 [a.gpu_milli for a in last],
             ),
         )
-
-    def loop_status(self, cluster: str) -> str | None:
-        row = self._one("SELECT doc FROM loop_status WHERE cluster = %s", (cluster,))
-        return str(row[0]) if row is not None else None
-
-    def fence(self, cluster: str) -> Fence | None:
-        row = self._one("SELECT generation, pass_no FROM fences WHERE cluster = %s", (cluster,))
-        if row is None or row[0] is None:
-            return None
-        return Fence(int(row[0]), int(row[1]))
-
-    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
-        rows = self._all(
-            "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status, gpu_milli"
-            " FROM assignments WHERE cluster = %s AND workload_id > %s"
-            " ORDER BY workload_id LIMIT %s",
-            (cluster, after, max(limit, 0)),
-        )
-        return [_assignment(row) for row in rows]
-
-    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
-        rows = self._all(
-            "SELECT spec::text FROM nodes WHERE cluster = %s AND id > %s ORDER BY id LIMIT %s",
-            (cluster, after, max(limit, 0)),
-        )
-        return [Node.model_validate_json(spec) for (spec,) in rows]
 
     # -- liveness and task status --------------------------------------------------
     def heartbeat(self, cluster: str, node_id: str, at: float) -> None:
@@ -431,20 +336,9 @@ class PostgresStore:
                 (cluster, node_id, at),
             )
 
-    def expired_nodes(self, cluster: str, before: float, limit: int = 1000) -> list[str]:
-        rows = self._all(
-            "SELECT n.id FROM nodes n JOIN heartbeats h"
-            " ON h.cluster = n.cluster AND h.node_id = n.id"
-            " WHERE n.cluster = %s AND n.state <> %s AND h.at < %s"
-            " ORDER BY n.id LIMIT %s",
-            (cluster, NodeState.LOST.value, before, max(limit, 0)),
-        )
-        return [node_id for (node_id,) in rows]
-
     def report(self, cluster: str, reports: list[TaskReport]) -> int:
         if not reports:
-            row = self._one("SELECT report_seq FROM clusters WHERE cluster = %s", (cluster,))
-            return int(row[0]) if row is not None else 0
+            return self._counter(cluster, "report_seq")
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO clusters (cluster, report_seq) VALUES (%s, %s)"
@@ -454,60 +348,8 @@ class PostgresStore:
                 (cluster, len(reports)),
             )
             last = _scalar(cur)
-            first = last - len(reports) + 1
-            cur.executemany(
-                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-                " message, node) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [
-                    (
-                        cluster,
-                        seq,
-                        r.workload_id,
-                        r.status,
-                        r.cpu,
-                        r.memory,
-                        r.at,
-                        r.message,
-                        r.node,
-                    )
-                    for seq, r in enumerate(reports, first)
-                ],
-            )
-            usage = [
-                (cluster, r.workload_id, seq, r.cpu, r.memory, r.at)
-                for seq, r in enumerate(reports, first)
-                if r.cpu is not None or r.memory is not None
-            ]
-            if usage:
-                # ">=": of two reports with the same timestamp the later one wins
-                # (statements run in seq order).
-                cur.executemany(
-                    "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at)"
-                    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, workload_id)"
-                    " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
-                    " memory = excluded.memory, at = excluded.at"
-                    " WHERE excluded.at >= latest_usage.at",
-                    usage,
-                )
+            write_reports(cur, "postgres", cluster, reports, last - len(reports) + 1)
         return last
-
-    def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
-        rows = self._all(
-            "SELECT seq, workload_id, status, cpu, memory, at, message, node FROM reports"
-            " WHERE cluster = %s AND seq > %s ORDER BY seq LIMIT %s",
-            (cluster, seq, max(limit, 0)),
-        )
-        return [
-            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
-            for s, w, st, c, m, at, msg, n in rows
-        ]
-
-    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
-        rows = self._all(
-            "SELECT workload_id, cpu, memory FROM latest_usage WHERE cluster = %s AND at >= %s",
-            (cluster, since),
-        )
-        return mean_usage(rows)
 
     def close(self) -> None:
         """Close idle connections now and lent ones as they come back."""
@@ -519,7 +361,3 @@ def _scalar(cur: Cursor) -> int:
     if row is None:
         raise StoreError("expected a row from RETURNING")
     return int(row[0])
-
-
-def _json_list(items: tuple[str, ...]) -> str:
-    return json.dumps(list(items)) if items else "[]"

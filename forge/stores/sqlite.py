@@ -23,7 +23,6 @@ upgrade its lock, or worse, decide on a stale fence).
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -31,22 +30,28 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, LiteralString
 
-from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.core.models import Assignment, Job
 from forge.stores.base import (
     ApplyResult,
     Delta,
     Fence,
-    JobChange,
-    JobPage,
     StoreError,
     TaskReport,
     check_fence,
     delta_digest,
-    mean_usage,
 )
 from forge.stores.migrations import migrate
+from forge.stores.sql import (
+    ASSIGNMENT_UPSERT_SET,
+    SqlReads,
+    gpu_ids_json,
+    write_jobs,
+    write_nodes,
+    write_reports,
+    write_status,
+)
 
 __all__ = ["SqliteStore", "sqlite_path"]
 
@@ -90,7 +95,7 @@ def _assignment_row(cluster: str, a: Assignment) -> tuple[Any, ...]:
         a.group,
         a.ordinal,
         a.node,
-        json.dumps(list(a.gpu_ids)) if a.gpu_ids else "[]",
+        gpu_ids_json(a),
         a.cpu,
         a.memory,
         a.status.value,
@@ -98,23 +103,7 @@ def _assignment_row(cluster: str, a: Assignment) -> tuple[Any, ...]:
     )
 
 
-def _assignment(row: tuple[Any, ...]) -> Assignment:
-    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli = row
-    return Assignment(
-        workload_id=workload,
-        job=job,
-        group=group,
-        ordinal=ordinal,
-        node=node,
-        gpu_ids=tuple(json.loads(gpu_ids)) if gpu_ids != "[]" else (),
-        cpu=cpu,
-        memory=memory,
-        status=AssignmentStatus(status),
-        gpu_milli=milli,
-    )
-
-
-class SqliteStore:
+class SqliteStore(SqlReads):
     """The ``Store`` protocol over one SQLite file; see the module docstring."""
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
@@ -135,6 +124,15 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._closed = False
         self.schema_version = migrate(self._conn())
+
+    DIALECT = "sqlite"
+
+    def _one(self, query: LiteralString, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._conn().execute(query, params).fetchone()
+        return row
+
+    def _all(self, query: LiteralString, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        return self._conn().execute(query, params).fetchall()
 
     # -- connections and transactions ----------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -209,13 +207,7 @@ class SqliteStore:
             return self.revision(cluster)
         with self._write() as db:
             last = self._bump(db, cluster, "revision", len(jobs))
-            first = last - len(jobs) + 1
-            db.executemany(
-                "INSERT INTO jobs (cluster, job_id, revision, spec) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (cluster, job_id)"
-                " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
-                [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
-            )
+            write_jobs(db, "sqlite", cluster, jobs, last - len(jobs) + 1)
         return last
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:
@@ -232,58 +224,6 @@ class SqliteStore:
                 (revision, cluster, job_id),
             )
         return revision
-
-    def get_job(self, cluster: str, job_id: str) -> Job | None:
-        row = (
-            self._conn()
-            .execute("SELECT spec FROM jobs WHERE cluster = ? AND job_id = ?", (cluster, job_id))
-            .fetchone()
-        )
-        return Job.model_validate_json(row[0]) if row is not None and row[0] is not None else None
-
-    def list_jobs(self, cluster: str) -> list[Job]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT spec FROM jobs WHERE cluster = ? AND spec IS NOT NULL ORDER BY job_id",
-                (cluster,),
-            )
-            .fetchall()
-        )
-        return [Job.model_validate_json(spec) for (spec,) in rows]
-
-    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
-        limit = max(limit, 0)
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT revision, job_id, spec FROM jobs WHERE cluster = ? AND revision > ?"
-                " ORDER BY revision LIMIT ?",
-                (cluster, since, limit + 1),
-            )
-            .fetchall()
-        )
-        changes = [
-            JobChange(
-                revision=rev,
-                job_id=job_id,
-                job=Job.model_validate_json(spec) if spec is not None else None,
-            )
-            for rev, job_id, spec in rows[:limit]
-        ]
-        return JobPage(
-            changes=changes,
-            revision=changes[-1].revision if changes else since,
-            more=len(rows) > limit,
-        )
-
-    def revision(self, cluster: str) -> int:
-        row = (
-            self._conn()
-            .execute("SELECT revision FROM clusters WHERE cluster = ?", (cluster,))
-            .fetchone()
-        )
-        return int(row[0]) if row is not None else 0
 
     @staticmethod
     def _bump(db: sqlite3.Connection, cluster: str, column: str, by: int) -> int:
@@ -323,12 +263,7 @@ class SqliteStore:
                 db.executemany(
                     "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
                     " gpu_ids, cpu, memory, status, gpu_milli)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
-                    " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
-                    " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu,"
-                    " memory = excluded.memory, status = excluded.status,"
-                    " gpu_milli = excluded.gpu_milli",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + ASSIGNMENT_UPSERT_SET,
                     (_assignment_row(cluster, a) for a in delta.bind),
                 )
             if delta.nodes_remove:
@@ -337,21 +272,9 @@ class SqliteStore:
                     [(cluster, n) for n in delta.nodes_remove],
                 )
             if delta.nodes_upsert:
-                db.executemany(
-                    "INSERT INTO nodes (cluster, id, spec, state) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (cluster, id)"
-                    " DO UPDATE SET spec = excluded.spec, state = excluded.state",
-                    [
-                        (cluster, n.id, n.model_dump_json(), n.state.value)
-                        for n in delta.nodes_upsert
-                    ],
-                )
+                write_nodes(db, "sqlite", cluster, delta.nodes_upsert)
             if delta.status is not None:
-                db.execute(
-                    "INSERT INTO loop_status (cluster, doc) VALUES (?, ?)"
-                    " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
-                    (cluster, delta.status),
-                )
+                write_status(db, "sqlite", cluster, delta.status)
             db.execute(
                 "INSERT INTO fences (cluster, generation, pass_no, digest) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (cluster) DO UPDATE SET generation = excluded.generation,"
@@ -359,46 +282,6 @@ class SqliteStore:
                 (cluster, fence.generation, fence.pass_no, digest),
             )
         return ApplyResult(applied=True, digest=digest)
-
-    def loop_status(self, cluster: str) -> str | None:
-        row = (
-            self._conn()
-            .execute("SELECT doc FROM loop_status WHERE cluster = ?", (cluster,))
-            .fetchone()
-        )
-        return str(row[0]) if row is not None else None
-
-    def fence(self, cluster: str) -> Fence | None:
-        row = (
-            self._conn()
-            .execute("SELECT generation, pass_no FROM fences WHERE cluster = ?", (cluster,))
-            .fetchone()
-        )
-        return Fence(int(row[0]), int(row[1])) if row is not None else None
-
-    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT workload_id, job, grp, ordinal, node, gpu_ids, cpu, memory, status,"
-                " gpu_milli FROM assignments WHERE cluster = ? AND workload_id > ?"
-                " ORDER BY workload_id LIMIT ?",
-                (cluster, after, max(limit, 0)),
-            )
-            .fetchall()
-        )
-        return [_assignment(row) for row in rows]
-
-    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT spec FROM nodes WHERE cluster = ? AND id > ? ORDER BY id LIMIT ?",
-                (cluster, after, max(limit, 0)),
-            )
-            .fetchall()
-        )
-        return [Node.model_validate_json(spec) for (spec,) in rows]
 
     # -- liveness and task status --------------------------------------------------
     def heartbeat(self, cluster: str, node_id: str, at: float) -> None:
@@ -410,89 +293,13 @@ class SqliteStore:
                 (cluster, node_id, at),
             )
 
-    def expired_nodes(self, cluster: str, before: float, limit: int = 1000) -> list[str]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT n.id FROM nodes n JOIN heartbeats h"
-                " ON h.cluster = n.cluster AND h.node_id = n.id"
-                " WHERE n.cluster = ? AND n.state != ? AND h.at < ?"
-                " ORDER BY n.id LIMIT ?",
-                (cluster, NodeState.LOST.value, before, max(limit, 0)),
-            )
-            .fetchall()
-        )
-        return [node_id for (node_id,) in rows]
-
     def report(self, cluster: str, reports: list[TaskReport]) -> int:
         if not reports:
-            row = (
-                self._conn()
-                .execute("SELECT report_seq FROM clusters WHERE cluster = ?", (cluster,))
-                .fetchone()
-            )
-            return int(row[0]) if row is not None else 0
+            return self._counter(cluster, "report_seq")
         with self._write() as db:
             last = self._bump(db, cluster, "report_seq", len(reports))
-            first = last - len(reports) + 1
-            db.executemany(
-                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-                " message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        cluster,
-                        seq,
-                        r.workload_id,
-                        r.status,
-                        r.cpu,
-                        r.memory,
-                        r.at,
-                        r.message,
-                        r.node,
-                    )
-                    for seq, r in enumerate(reports, first)
-                ],
-            )
-            # Only reports that carry usage feed group_usage; ">=" lets the later
-            # of two reports with the same timestamp win (rows go in seq order).
-            db.executemany(
-                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id) DO UPDATE"
-                " SET seq = excluded.seq, cpu = excluded.cpu, memory = excluded.memory,"
-                " at = excluded.at WHERE excluded.at >= latest_usage.at",
-                [
-                    (cluster, r.workload_id, seq, r.cpu, r.memory, r.at)
-                    for seq, r in enumerate(reports, first)
-                    if r.cpu is not None or r.memory is not None
-                ],
-            )
+            write_reports(db, "sqlite", cluster, reports, last - len(reports) + 1)
         return last
-
-    def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT seq, workload_id, status, cpu, memory, at, message, node FROM reports"
-                " WHERE cluster = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (cluster, seq, max(limit, 0)),
-            )
-            .fetchall()
-        )
-        return [
-            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
-            for s, w, st, c, m, at, msg, n in rows
-        ]
-
-    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT workload_id, cpu, memory FROM latest_usage WHERE cluster = ? AND at >= ?",
-                (cluster, since),
-            )
-            .fetchall()
-        )
-        return mean_usage(rows)
 
     def close(self) -> None:
         """Close every thread's connection; later calls raise ``StoreError``."""

@@ -1,0 +1,78 @@
+"""Reads of what the loop published, from the store the worker persists to.
+
+A query sent while a worker takes the run over can wedge replay (RELIABILITY.md), so
+status, assignments and explanations come from the store (bindings, nodes and the
+status each pass writes with its delta), like any outside reader. Blocking: the
+client runs these in a thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from forge.core.models import Assignment, Node
+from forge.core.placement import Binding
+from forge.stores.base import Store
+from forge.wire import contract as c
+from forge.wire import views
+
+__all__ = ["STORE_PAGE", "all_assignments", "all_nodes", "explanation", "published", "status"]
+
+_R = TypeVar("_R")
+STORE_PAGE = 5000  # rows per store read
+
+
+def published(store: Store, cluster: str) -> c.LoopStatus | None:
+    raw = store.loop_status(cluster)
+    return c.LoopStatus.model_validate_json(raw) if raw is not None else None
+
+
+def _every(
+    fetch: Callable[[str, int], list[_R]], key: Callable[[_R], str], page: int = STORE_PAGE
+) -> list[_R]:
+    """Every row of a store listing, page by page (``fetch(after, limit)``)."""
+    out: list[_R] = []
+    while True:
+        got = fetch(key(out[-1]) if out else "", page)
+        out.extend(got)
+        if len(got) < page:
+            return out
+
+
+def all_nodes(store: Store, cluster: str) -> list[Node]:
+    return _every(lambda after, n: store.nodes(cluster, after, n), lambda x: x.id)
+
+
+def all_assignments(store: Store, cluster: str, page: int = STORE_PAGE) -> list[Assignment]:
+    return _every(
+        lambda after, n: store.assignments(cluster, after, n), lambda a: a.workload_id, page
+    )
+
+
+def status(store: Store, cluster: str) -> c.StatusView:
+    doc = published(store, cluster)
+    nodes = all_nodes(store, cluster)
+    bindings = [Binding.from_assignment(a) for a in all_assignments(store, cluster)]
+    summary = doc.summary if doc is not None else c.Summary.empty()
+    return c.StatusView(
+        summary=summary,
+        nodes=views.node_views(nodes, bindings),
+        pending=doc.pending if doc is not None else [],
+        pending_truncated=doc.pending_truncated if doc is not None else 0,
+        notices=doc.notices if doc is not None else [],
+    )
+
+
+def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:
+    doc = published(store, cluster)
+    bindings = [Binding.from_assignment(a) for a in all_assignments(store, cluster)]
+    shown = {p.workload_id: p for p in doc.pending} if doc is not None else {}
+    return views.explanation(
+        wid,
+        binding=next((b for b in bindings if b.workload_id == wid), None),
+        pending=shown.get(wid),
+        job=store.get_job(cluster, wid.rsplit("/", 2)[0]),
+        nodes=all_nodes(store, cluster),
+        bindings=bindings,
+    )

@@ -1,0 +1,302 @@
+"""What the SQLite and PostgreSQL stores share: the queries, the row mapping, and
+every method whose SQL is the same in both dialects.
+
+The two backends differ in how they connect, lock and batch (a write lock per file
+against row locks and ``unnest``), not in what they store, so the reads, the row
+layout and the simple upserts live here once and a fix lands in both. Queries are
+written with ``?`` placeholders and two markers, ``{text}`` (read a JSON column
+as text) and ``{jsonb}`` (write text into a JSON column); ``sql()`` renders them
+for a dialect. A backend supplies ``_one`` / ``_all`` (one autocommit read) and
+calls the ``*_rows`` helpers inside its own write transactions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import Any, Literal, LiteralString, Protocol
+
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.stores.base import Fence, JobChange, JobPage, TaskReport, mean_usage
+
+__all__ = [
+    "ASSIGNMENT_UPSERT_SET",
+    "Dialect",
+    "SqlReads",
+    "assignment_from_row",
+    "gpu_ids_json",
+    "sql",
+    "write_jobs",
+    "write_nodes",
+    "write_reports",
+    "write_status",
+]
+
+Dialect = Literal["sqlite", "postgres"]
+
+
+@cache
+def sql(template: LiteralString, dialect: Dialect) -> LiteralString:
+    """``template`` in ``dialect``: placeholders and JSON casts (see the module doc)."""
+    if dialect == "sqlite":
+        return template.replace("{text}", "").replace("{jsonb}", "")
+    return template.replace("{text}", "::text").replace("{jsonb}", "::jsonb").replace("?", "%s")
+
+
+class _Executor(Protocol):
+    """A ``sqlite3.Connection`` or a psycopg cursor inside a write transaction."""
+
+    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+    def executemany(self, query: Any, params: Any, /) -> Any: ...
+
+
+#: The columns an assignment is stored in, in ``assignment_from_row`` order.
+_ASSIGNMENT_COLUMNS = (
+    "workload_id, job, grp, ordinal, node, gpu_ids{text}, cpu, memory, status, gpu_milli"
+)
+
+#: The ``DO UPDATE SET`` of an assignment upsert (every column but the key).
+ASSIGNMENT_UPSERT_SET: LiteralString = (
+    " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
+    " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
+    " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu, memory = excluded.memory,"
+    " status = excluded.status, gpu_milli = excluded.gpu_milli"
+)
+
+
+def gpu_ids_json(a: Assignment) -> str:
+    return json.dumps(list(a.gpu_ids)) if a.gpu_ids else "[]"
+
+
+def assignment_from_row(row: Sequence[Any]) -> Assignment:
+    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli = row
+    return Assignment(
+        workload_id=workload,
+        job=job,
+        group=group,
+        ordinal=ordinal,
+        node=node,
+        gpu_ids=tuple(json.loads(gpu_ids)),
+        cpu=cpu,
+        memory=memory,
+        status=AssignmentStatus(status),
+        gpu_milli=milli,
+    )
+
+
+def _job(spec: str | None) -> Job | None:
+    return Job.model_validate_json(spec) if spec is not None else None
+
+
+class SqlReads:
+    """The read side of the ``Store`` protocol, the same query in both dialects.
+
+    Reads run outside any write transaction: SQLite's WAL and PostgreSQL's MVCC
+    both give them a consistent snapshot per statement without blocking writers.
+    """
+
+    DIALECT: Dialect
+
+    def _one(self, query: LiteralString, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        raise NotImplementedError
+
+    def _all(self, query: LiteralString, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _q(self, template: LiteralString) -> LiteralString:
+        return sql(template, self.DIALECT)
+
+    # -- jobs ----------------------------------------------------------------------
+    def get_job(self, cluster: str, job_id: str) -> Job | None:
+        row = self._one(
+            self._q("SELECT spec{text} FROM jobs WHERE cluster = ? AND job_id = ?"),
+            (cluster, job_id),
+        )
+        return _job(row[0]) if row is not None else None
+
+    def list_jobs(self, cluster: str) -> list[Job]:
+        rows = self._all(
+            self._q(
+                "SELECT spec{text} FROM jobs WHERE cluster = ? AND spec IS NOT NULL ORDER BY job_id"
+            ),
+            (cluster,),
+        )
+        return [Job.model_validate_json(spec) for (spec,) in rows]
+
+    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
+        limit = max(limit, 0)
+        rows = self._all(
+            self._q(
+                "SELECT revision, job_id, spec{text} FROM jobs WHERE cluster = ?"
+                " AND revision > ? ORDER BY revision LIMIT ?"
+            ),
+            (cluster, since, limit + 1),
+        )
+        changes = [
+            JobChange(revision=rev, job_id=job_id, job=_job(spec))
+            for rev, job_id, spec in rows[:limit]
+        ]
+        return JobPage(
+            changes=changes,
+            revision=changes[-1].revision if changes else since,
+            more=len(rows) > limit,
+        )
+
+    def revision(self, cluster: str) -> int:
+        return self._counter(cluster, "revision")
+
+    def _counter(self, cluster: str, column: Literal["revision", "report_seq"]) -> int:
+        query = (
+            "SELECT revision FROM clusters WHERE cluster = ?"
+            if column == "revision"
+            else "SELECT report_seq FROM clusters WHERE cluster = ?"
+        )
+        row = self._one(self._q(query), (cluster,))
+        return int(row[0]) if row is not None else 0
+
+    # -- actual state --------------------------------------------------------------
+    def loop_status(self, cluster: str) -> str | None:
+        row = self._one(self._q("SELECT doc FROM loop_status WHERE cluster = ?"), (cluster,))
+        return str(row[0]) if row is not None else None
+
+    def fence(self, cluster: str) -> Fence | None:
+        row = self._one(
+            self._q("SELECT generation, pass_no FROM fences WHERE cluster = ?"), (cluster,)
+        )
+        # PostgreSQL inserts the fence row before it first compares (to lock it)
+        if row is None or row[0] is None:
+            return None
+        return Fence(int(row[0]), int(row[1]))
+
+    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
+        rows = self._all(
+            self._q(
+                "SELECT " + _ASSIGNMENT_COLUMNS + " FROM assignments"
+                " WHERE cluster = ? AND workload_id > ? ORDER BY workload_id LIMIT ?"
+            ),
+            (cluster, after, max(limit, 0)),
+        )
+        return [assignment_from_row(row) for row in rows]
+
+    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
+        rows = self._all(
+            self._q(
+                "SELECT spec{text} FROM nodes WHERE cluster = ? AND id > ? ORDER BY id LIMIT ?"
+            ),
+            (cluster, after, max(limit, 0)),
+        )
+        return [Node.model_validate_json(spec) for (spec,) in rows]
+
+    # -- liveness and task status --------------------------------------------------
+    def expired_nodes(self, cluster: str, before: float, limit: int = 1000) -> list[str]:
+        rows = self._all(
+            self._q(
+                "SELECT n.id FROM nodes n JOIN heartbeats h"
+                " ON h.cluster = n.cluster AND h.node_id = n.id"
+                " WHERE n.cluster = ? AND n.state <> ? AND h.at < ?"
+                " ORDER BY n.id LIMIT ?"
+            ),
+            (cluster, NodeState.LOST.value, before, max(limit, 0)),
+        )
+        return [node_id for (node_id,) in rows]
+
+    def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
+        rows = self._all(
+            self._q(
+                "SELECT seq, workload_id, status, cpu, memory, at, message, node FROM reports"
+                " WHERE cluster = ? AND seq > ? ORDER BY seq LIMIT ?"
+            ),
+            (cluster, seq, max(limit, 0)),
+        )
+        return [
+            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
+            for s, w, st, c, m, at, msg, n in rows
+        ]
+
+    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
+        rows = self._all(
+            self._q(
+                "SELECT workload_id, cpu, memory FROM latest_usage WHERE cluster = ? AND at >= ?"
+            ),
+            (cluster, since),
+        )
+        return mean_usage(rows)
+
+
+# -- writes shared inside the backends' transactions -------------------------------------
+
+
+def write_jobs(
+    db: _Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
+) -> None:
+    """Upsert ``jobs`` with revisions ``first``, ``first + 1``, ... (already reserved)."""
+    db.executemany(
+        sql(
+            "INSERT INTO jobs (cluster, job_id, revision, spec) VALUES (?, ?, ?, ?{jsonb})"
+            " ON CONFLICT (cluster, job_id)"
+            " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
+            dialect,
+        ),
+        [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
+    )
+
+
+def write_nodes(db: _Executor, dialect: Dialect, cluster: str, nodes: Iterable[Node]) -> None:
+    db.executemany(
+        sql(
+            "INSERT INTO nodes (cluster, id, spec, state) VALUES (?, ?, ?{jsonb}, ?)"
+            " ON CONFLICT (cluster, id)"
+            " DO UPDATE SET spec = excluded.spec, state = excluded.state",
+            dialect,
+        ),
+        [(cluster, n.id, n.model_dump_json(), n.state.value) for n in nodes],
+    )
+
+
+def write_status(db: _Executor, dialect: Dialect, cluster: str, doc: str) -> None:
+    db.execute(
+        sql(
+            "INSERT INTO loop_status (cluster, doc) VALUES (?, ?)"
+            " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
+            dialect,
+        ),
+        (cluster, doc),
+    )
+
+
+def write_reports(
+    db: _Executor, dialect: Dialect, cluster: str, reports: Sequence[TaskReport], first: int
+) -> None:
+    """Insert ``reports`` as sequence numbers ``first``, ... and fold their usage into
+    ``latest_usage``; the caller has reserved the numbers in the same transaction."""
+    db.executemany(
+        sql(
+            "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
+            " message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            dialect,
+        ),
+        [
+            (cluster, seq, r.workload_id, r.status, r.cpu, r.memory, r.at, r.message, r.node)
+            for seq, r in enumerate(reports, first)
+        ],
+    )
+    usage = [
+        (cluster, r.workload_id, seq, r.cpu, r.memory, r.at)
+        for seq, r in enumerate(reports, first)
+        if r.cpu is not None or r.memory is not None
+    ]
+    if usage:
+        # Only reports that carry usage feed group_usage; ">=" lets the later of two
+        # reports with the same timestamp win (rows go in seq order).
+        db.executemany(
+            sql(
+                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id)"
+                " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
+                " memory = excluded.memory, at = excluded.at"
+                " WHERE excluded.at >= latest_usage.at",
+                dialect,
+            ),
+            usage,
+        )

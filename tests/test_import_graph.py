@@ -1,0 +1,106 @@
+"""``forge/`` has no import cycles: every arrow between its modules points one way.
+
+The graph is read from the source with ``ast`` (imports inside functions count,
+``if TYPE_CHECKING:`` blocks do not: they never run), so a lazy import cannot hide
+a cycle that a later refactor would turn into an import-time failure.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import forge
+
+PACKAGE = Path(forge.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    found: set[str] = set()
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+        pending.extend(ast.iter_child_nodes(node))
+    return {name for name in found if name in known and name != module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    known = set(files)
+    return {
+        name: _imports(ast.parse(path.read_text()), name, path.name == "__init__.py", known)
+        for name, path in files.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that starts and ends at the same module."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for nxt in sorted(graph.get(name, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name)):
+            return cycle
+    return None
+
+
+def test_forge_has_no_import_cycles() -> None:
+    graph = import_graph()
+    assert "forge.stores.sqlite" in graph["forge.stores"]  # function-level imports count
+    assert "forge.stores.migrations" in graph["forge.stores.sqlite"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_migrations_is_a_leaf_of_the_stores() -> None:
+    deps = import_graph()["forge.stores.migrations"]
+    assert not {d for d in deps if d.startswith("forge.stores")} - {"forge.stores.base"}
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_relative_and_type_checking_imports_are_read_right() -> None:
+    known = {"p", "p.a", "p.b", "p.c"}
+    tree = ast.parse("from . import a\nfrom .b import x\nif TYPE_CHECKING:\n    from p import c\n")
+    assert _imports(tree, "p", True, known) == {"p.a", "p.b"}
+    assert _imports(ast.parse("from . import b"), "p.a", False, known) == {"p.b"}

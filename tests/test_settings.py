@@ -1,0 +1,167 @@
+"""Settings: ``FORGE_*`` through pydantic-settings, the Temporal connection through
+``temporalio.envconfig``. Everything here turns an environment into connect
+arguments, so no server is needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.service import TLSConfig
+
+from forge.settings import ENV_VARS, Settings, SettingsError, load_temporal_profile
+
+SECRET = "sk-test-not-a-real-key"
+
+
+def test_defaults_connect_to_a_local_server_in_plain_text() -> None:
+    assert Settings.from_env({}).connect_config() == {
+        "target_host": "localhost:7233",
+        "namespace": "default",
+        "tls": False,
+    }
+
+
+def test_the_temporal_environment_is_read_as_every_temporal_tool_reads_it() -> None:
+    s = Settings.from_env(
+        {
+            "TEMPORAL_ADDRESS": "cloud.example:7233",
+            "TEMPORAL_NAMESPACE": "prod.acct",
+            "TEMPORAL_API_KEY": SECRET,
+            "TEMPORAL_GRPC_META_X_TENANT": "blue",
+        }
+    )
+    assert (s.address, s.namespace, s.api_key) == ("cloud.example:7233", "prod.acct", SECRET)
+    assert s.connect_config() == {
+        "target_host": "cloud.example:7233",
+        "namespace": "prod.acct",
+        "api_key": SECRET,
+        "tls": True,  # an API key implies TLS, as in envconfig
+        "rpc_metadata": {"x-tenant": "blue"},
+    }
+    assert SECRET not in repr(s) and "blue" not in repr(s)
+
+
+def test_forge_variables_win_over_the_temporal_ones() -> None:
+    s = Settings.from_env(
+        {
+            "TEMPORAL_ADDRESS": "temporal:7233",
+            "TEMPORAL_NAMESPACE": "theirs",
+            "FORGE_TEMPORAL_ADDRESS": "forge:7233",
+            "FORGE_NAMESPACE": "ours",
+        }
+    )
+    assert (s.address, s.namespace) == ("forge:7233", "ours")
+    # and command-line flags win over both
+    assert s.override(address="flag:7233", namespace=None).address == "flag:7233"
+    assert s.override(address="flag:7233").namespace == "ours"
+
+
+def test_a_profile_from_the_config_file(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"--- a CA ---")
+    config = tmp_path / "temporal.toml"
+    config.write_text(
+        '[profile.prod]\naddress = "prod:7233"\nnamespace = "prodns"\n'
+        f'[profile.prod.tls]\nserver_name = "srv.internal"\nserver_ca_cert_path = "{ca}"\n'
+    )
+    env = {"TEMPORAL_CONFIG_FILE": str(config), "TEMPORAL_PROFILE": "prod"}
+    connect = Settings.from_env(env).connect_config()
+    assert (connect["target_host"], connect["namespace"]) == ("prod:7233", "prodns")
+    tls = connect["tls"]
+    assert isinstance(tls, TLSConfig)
+    assert (tls.domain, tls.server_root_ca_cert) == ("srv.internal", b"--- a CA ---")
+    # the default profile of the same file is empty: Forge's defaults apply
+    assert Settings.from_env({"TEMPORAL_CONFIG_FILE": str(config)}).address == "localhost:7233"
+
+
+def test_temporal_tls_files_from_the_environment(tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "c.key"
+    cert.write_bytes(b"cert")
+    key.write_bytes(b"key")
+    env = {
+        "TEMPORAL_TLS_CLIENT_CERT_PATH": str(cert),
+        "TEMPORAL_TLS_CLIENT_KEY_PATH": str(key),
+    }
+    tls = Settings.from_env(env).tls_config()
+    assert isinstance(tls, TLSConfig)
+    assert (tls.client_cert, tls.client_private_key) == (b"cert", b"key")
+    # a FORGE_TEMPORAL_TLS* variable replaces the Temporal TLS settings whole
+    assert Settings.from_env({**env, "FORGE_TEMPORAL_TLS": "1"}).tls_config() is True
+    assert (
+        Settings.from_env({"TEMPORAL_TLS": "false", "TEMPORAL_API_KEY": SECRET}).tls_config()
+        is False
+    )
+
+
+def test_an_unreadable_temporal_tls_file_names_the_setting(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pem"
+    s = Settings.from_env({"TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(missing)})
+    with pytest.raises(SettingsError, match=r"TEMPORAL_TLS_\*: cannot read .*nope\.pem"):
+        s.tls_config()
+
+
+def test_an_unknown_profile_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError, match="TEMPORAL_PROFILE='nope'"):
+        Settings.from_env({"TEMPORAL_PROFILE": "nope"})
+    assert load_temporal_profile({"TEMPORAL_ADDRESS": "a:1"}).address == "a:1"
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "problem"),
+    [
+        ("FORGE_METRICS_PORT", "abc", "valid integer"),
+        ("FORGE_METRICS_PORT", "70000", "less than or equal to 65535"),
+        ("FORGE_WATCHDOG_SECONDS", "-1", "greater than or equal to 0"),
+        ("FORGE_WATCHDOG_SECONDS", "nan", "greater than or equal to 0"),
+        ("FORGE_LOG_FORMAT", "xml", "'auto', 'console' or 'json'"),
+        ("FORGE_TEMPORAL_TLS", "maybe", "valid boolean"),
+    ],
+)
+def test_a_bad_value_names_its_variable(var: str, value: str, problem: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({var: value})
+    assert str(err.value).startswith(f"{var}={value!r}: ")
+    assert problem in str(err.value)
+
+
+def test_a_bad_api_key_is_never_echoed() -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings(api_key=["not", SECRET])
+    assert "FORGE_TEMPORAL_API_KEY" in str(err.value) and SECRET not in str(err.value)
+
+
+def test_every_forge_variable_is_declared_once_with_a_description() -> None:
+    assert len(ENV_VARS) == len(set(ENV_VARS)) == 15
+    assert all(v.startswith("FORGE_") for v in ENV_VARS)
+    described = {str(f.validation_alias): f.description for f in Settings.model_fields.values()}
+    assert all(described[v] for v in ENV_VARS)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert not [v for v in ENV_VARS if f"`{v}`" not in readme]
+
+
+def test_each_variable_reaches_its_setting(tmp_path: Path) -> None:
+    env = {
+        "FORGE_TASK_QUEUE": "q",
+        "FORGE_CLUSTER": "c",
+        "FORGE_DATA_DIR": str(tmp_path),
+        "FORGE_METRICS_PORT": "9100",
+        "FORGE_LOG_FORMAT": "json",
+        "FORGE_WATCHDOG_SECONDS": "0",
+    }
+    s = Settings.from_env(env)
+    assert (s.task_queue, s.cluster, s.data_dir) == ("q", "c", tmp_path)
+    assert (s.metrics_port, s.log_format, s.watchdog_seconds) == (9100, "json", 0.0)
+    assert s.store_url == f"sqlite:///{tmp_path / 'forge.db'}"
+    # an empty variable counts as unset
+    assert Settings.from_env({"FORGE_METRICS_PORT": "", "FORGE_CLUSTER": ""}).cluster == "default"
+
+
+def test_settings_built_in_code_ignore_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FORGE_CLUSTER", "from-the-shell")
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "shell:7233")
+    assert Settings().cluster == "default" and Settings().address == "localhost:7233"
+    s = Settings.from_env()
+    assert (s.cluster, s.address) == ("from-the-shell", "shell:7233")

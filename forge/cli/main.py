@@ -369,6 +369,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=cmd_worker)
 
+    # -- agent, logs (the node agent: option handling lives in forge.agent) ------------
+    p = sub.add_parser(
+        "agent",
+        parents=[temporal, store],
+        help="run a node agent: register this machine, run the replicas bound to it",
+        description=(
+            "Register node ID (capacity detected from the machine unless given), heartbeat "
+            "through the store and run the replicas bound to it as processes. Tasks keep "
+            "running when the agent exits; a restarted agent adopts them."
+        ),
+    )
+    p.add_argument("--node-id", required=True, type=_name, metavar="ID")
+    p.add_argument("--cpu", type=_nonnegative_int, metavar="MILLICORES")
+    p.add_argument("--memory", type=_nonnegative_int, metavar="MIB")
+    p.add_argument("--gpu", action="append", metavar="MODEL:MEMORY_MIB")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--data-dir", metavar="DIR", help="default: FORGE_DATA_DIR/agent-ID")
+    p.add_argument("--logs-address", default="127.0.0.1:0", metavar="HOST:PORT")
+    p.add_argument("--token", default="", help="log server token (FORGE_AGENT_TOKEN)")
+    p.add_argument("--poll", type=_positive_float, default=0.5, metavar="SECONDS")
+    p.add_argument("--heartbeat-every", type=_positive_float, default=5.0, metavar="SECONDS")
+    p.add_argument("--usage-every", type=_positive_float, default=10.0, metavar="SECONDS")
+    p.add_argument("--stop-tasks-on-exit", action="store_true")
+    p.set_defaults(handler=cmd_agent)
+
+    p = sub.add_parser("logs", parents=[store], help="print a replica's task log")
+    p.add_argument("workload_id", metavar="JOB/GROUP/ORDINAL")
+    p.add_argument("--task", default="", help="task name (default: the first)")
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--token", default="", help="the agent's token (FORGE_AGENT_TOKEN)")
+    p.add_argument("--cluster", type=_name, help="cluster name (FORGE_CLUSTER, default 'default')")
+    p.set_defaults(handler=cmd_logs)
+
     p = sub.add_parser(
         "dev",
         help="run a local Temporal dev server + worker (+ --demo)",
@@ -1025,3 +1058,53 @@ def cmd_worker(args: argparse.Namespace) -> int:
             f"cannot connect to Temporal at {settings.address}: {_connect_problem(err)}"
         ) from None
     return int(code or 0)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from forge.agent.config import AgentConfigError, build_config
+    from forge.agent.run import run_agent
+
+    settings = _settings(args)
+    data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir / f"agent-{args.node_id}"
+    try:
+        config = build_config(
+            node_id=args.node_id,
+            data_dir=data_dir,
+            cluster=settings.cluster,
+            store_url=settings.store_url,
+            cpu=args.cpu,
+            memory=args.memory,
+            gpus=args.gpu,
+            labels=args.label,
+            logs_address=args.logs_address,
+            token=args.token or os.environ.get("FORGE_AGENT_TOKEN", ""),
+            poll=args.poll,
+            heartbeat_every=args.heartbeat_every,
+            usage_every=args.usage_every,
+        )
+    except AgentConfigError as err:
+        raise CommandError(str(err), 2) from None
+    return run_agent(config, settings, stop_tasks_on_exit=args.stop_tasks_on_exit)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from forge.agent.run import LogsError, fetch_logs
+
+    settings = _settings(args)
+    url = settings.store_url
+    store = _open_existing_store(url)
+    try:
+        return fetch_logs(
+            store,
+            settings.cluster,
+            args.workload_id,
+            task=args.task,
+            follow=args.follow,
+            token=args.token or os.environ.get("FORGE_AGENT_TOKEN", ""),
+        )
+    except LogsError as err:
+        raise CommandError(str(err)) from None
+    finally:
+        store.close()

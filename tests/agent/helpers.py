@@ -15,7 +15,13 @@ SLEEP = [PY, "-c", "import time; time.sleep(600)"]
 
 
 def command_job(
-    name: str, command: list[str], *, replicas: int = 1, memory: int = 256, **task: Any
+    name: str,
+    command: list[str],
+    *,
+    replicas: int = 1,
+    cpu: int = 500,
+    memory: int = 256,
+    **task: Any,
 ) -> Job:
     return Job.model_validate(
         {
@@ -29,7 +35,7 @@ def command_job(
                         {
                             "name": "t",
                             "command": command,
-                            "resources": {"cpu": 500, "memory": memory},
+                            "resources": {"cpu": cpu, "memory": memory},
                             **task,
                         }
                     ],

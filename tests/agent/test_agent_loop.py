@@ -32,9 +32,9 @@ def _agent(store: MemoryStore, data_dir: Path, registered: list[Node] | None = N
 
 
 def _reports(store: MemoryStore, wid: str) -> list[tuple[str, str]]:
-    return [
-        (r.status, r.message) for r in store.reports_since("default", 0) if r.workload_id == wid
-    ]
+    """The replica's status transitions (usage samples left out)."""
+    found = store.reports_since("default", 0)
+    return [(r.status, r.message) for r in found if r.workload_id == wid and r.cpu is None]
 
 
 def _pids(agent: Agent, wid: str) -> list[int]:
@@ -142,19 +142,35 @@ def test_a_replica_over_its_memory_request_is_stopped_and_says_why(store, tmp_pa
     agent = _agent(store, tmp_path)
     hog = "b = bytearray(120 * 1024 * 1024); import time; time.sleep(600)"
     wid = Binder(store).bind(command_job("hog", [PY, "-c", hog], memory=64), 0, "n1")
-    until(lambda: len(_reports(store, wid)) >= 2, timeout=15, step=agent.step)
-    status, message = _reports(store, wid)[-1]
-    assert status == "failed"
+    failed = until(
+        lambda: [m for s, m in _reports(store, wid) if s != "running"], timeout=15, step=agent.step
+    )
+    assert len(failed) == 1 and _reports(store, wid)[-1][0] == "failed"
+    message = failed[0]
     assert message.startswith("over its memory limit:") and "limit 64 MiB" in message
 
 
 def test_usage_is_sampled_and_reported_for_the_autoscaler(store, tmp_path) -> None:
     agent = _agent(store, tmp_path)
     burn = "while True: pass"
-    wid = Binder(store).bind(command_job("burn", [PY, "-c", burn]), 0, "n1")
-    until(lambda: store.group_usage("default", 0).get("burn/main"), timeout=15, step=agent.step)
-    cpu, _ = store.group_usage("default", 0)["burn/main"]
-    assert cpu > 0.5  # a busy loop on a 500m request: about 2.0 when it has a core
+    binder = Binder(store)
+    wid = binder.bind(command_job("burn", [PY, "-c", burn], cpu=50), 0, "n1")
+    binder.bind(command_job("idle", SLEEP), 0, "n1")
+
+    def usage(group: str) -> float:
+        return store.group_usage("default", 0).get(group, (0.0, 0.0))[0]
+
+    # a busy loop on a 50m request: 20.0 with a core to itself, still > 0.5 with 1/40 of one
+    # (the sleeper's first sample holds its interpreter's start-up; then it reads idle)
+    until(
+        lambda: (
+            usage("burn/main") > 0.5
+            and "idle/main" in store.group_usage("default", 0)
+            and usage("idle/main") < 0.1
+        ),
+        timeout=20,
+        step=agent.step,
+    )
     server = LogServer("127.0.0.1:0", tmp_path, agent.views)
     server.start()
     try:

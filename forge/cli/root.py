@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import click
 
-from forge.cli import cluster, job, node, plan, services, store
+from forge.cli import agent, cluster, job, node, plan, services, store
 from forge.cli.params import verbatim
 
 __all__ = ["forge"]
 
-_NOUNS = (plan, job, node, cluster, store, services)
+_NOUNS = (plan, job, node, cluster, store, services, agent)
 
 _EPILOG = """\
 environment: FORGE_TEMPORAL_ADDRESS, FORGE_NAMESPACE, FORGE_CLUSTER,

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_REPLICAS",
     "MAX_TASKS",
     "NAME_PATTERN",
+    "STOP_GRACE",
     "Assignment",
     "AssignmentStatus",
     "AutoscalePolicy",
@@ -173,12 +174,37 @@ class Resources(_Model):
     gpu: GpuRequest = GpuRequest()
 
 
-class Task(_Model):
+#: A named port a task asks for: it becomes ``FORGE_PORT_<NAME>`` (upper-cased).
+PortName = Annotated[
+    str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,31}$", description="1-32 of [A-Za-z0-9_]")
+]
+#: The default time a task gets between SIGTERM and SIGKILL when it is stopped.
+STOP_GRACE = 10.0
+
+
+class Task(_Evolving):
+    """One process of a replica. ``ports`` and ``stop_grace`` came after recorded
+    histories and stored jobs: left at their defaults they are not dumped, so an
+    existing job's JSON (and every digest over it) stays byte-identical."""
+
+    _new_fields = ("ports", "stop_grace")
+
     name: Name
     command: tuple[ShortStr, ...] | None = Field(default=None, max_length=MAX_ARGS)
     args: tuple[ShortStr, ...] = Field(default=(), max_length=MAX_ARGS)
     env: dict[ShortStr, ShortStr] = Field(default_factory=dict, max_length=MAX_ENV)
     resources: Resources
+    ports: tuple[PortName, ...] = Field(default=(), max_length=32)
+    stop_grace: Annotated[float, Strict(), Field(ge=0, le=3600)] = STOP_GRACE
+
+    @field_validator("ports")
+    @classmethod
+    def _unique_ports(cls, ports: tuple[str, ...]) -> tuple[str, ...]:
+        upper = [p.upper() for p in ports]
+        dupes = sorted({p for p in upper if upper.count(p) > 1})
+        if dupes:
+            raise ValueError(f"port names must be unique (ignoring case): {', '.join(dupes)}")
+        return ports
 
     @field_validator("env")
     @classmethod

@@ -1,0 +1,286 @@
+"""The node agent's loop: make this machine's processes match its bindings.
+
+Each step heartbeats through the store, reads the bindings of this node from the
+store (never a workflow query: see DESIGN "Queries can wedge replay"), starts
+what is bound and not running, stops what is running and no longer bound, and
+reports what happened as task reports, which the cluster loop reads in batches.
+
+The agent never restarts a replica on its own: an ended replica is reported and
+left ended until the loop releases its binding (and, by its reschedule policy,
+binds it again here or elsewhere). So a replica runs at most once per binding,
+and backoff and restart limits stay the loop's.
+
+When the store cannot be read the agent changes nothing: running tasks keep
+running and reports queue (``Reporter``) until it is back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from forge.agent.config import AgentConfig
+from forge.agent.logfiles import rotate_if_needed
+from forge.agent.reporter import Reporter
+from forge.agent.state import StateFile
+from forge.agent.supervisor import Event, Supervisor
+from forge.agent.usage import UsageSampler
+from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
+from forge.stores.base import Store, TaskReport
+
+__all__ = ["Agent", "ReplicaView", "find_node"]
+
+log = structlog.get_logger("forge.agent")
+
+#: Bindings read per store call.
+PAGE = 5000
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """What ``status`` and the log server show of one replica."""
+
+    workload_id: str
+    state: str  # running | stopping | failed | exited
+    message: str
+    ports: dict[str, int]
+    cpu: float | None
+    memory: float | None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: Store,
+        register: Callable[[Node], None],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.node = config.node
+        self._register = register
+        self._clock = clock
+        self.supervisor = Supervisor(config.data_dir, config.node.id)
+        self.reporter = Reporter(lambda batch: store.report(config.cluster, batch))
+        self.sampler = UsageSampler()
+        self.state = StateFile(config.data_dir / "agent-state.json")
+        self._released: set[str] = set()
+        self._adopted: set[str] = set()
+        self._jobs: dict[str, Job] = {}
+        self._last_heartbeat = -1e18
+        self._last_usage = -1e18
+        self._last_memory_check = -1e18
+        self._last_rotate = -1e18
+        self._registered = False
+        self._saved: list[object] = []
+        self.usage: dict[str, tuple[float, float]] = {}
+        self.messages: dict[str, str] = {}
+        self.store_ok = True
+        self._adopt()
+
+    # -- start-up -------------------------------------------------------------------
+    def _adopt(self) -> None:
+        records = self.state.load()
+        self.supervisor.adopt(records, {})
+        self._adopted = set(self.supervisor.replicas)
+        if records:
+            log.info("agent.adopting", replicas=sorted(self._adopted))
+
+    def set_node(self, node: Node) -> None:
+        """The node as registered (the log server's address is known late)."""
+        self.node = node
+
+    # -- one step -------------------------------------------------------------------
+    def step(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat >= self.config.heartbeat_every:
+            self._heartbeat_and_register()
+            self._last_heartbeat = now
+        mine = self._my_bindings()
+        if mine is not None:
+            self._converge(mine)
+        for event in self.supervisor.poll():
+            self._report(event)
+        if now - self._last_memory_check >= min(self.config.usage_every, 2.0):
+            self._last_memory_check = now
+            self._check_memory()
+        if now - self._last_usage >= self.config.usage_every:
+            self._last_usage = now
+            self._report_usage()
+        if now - self._last_rotate >= 5.0:
+            self._last_rotate = now
+            for replica in self.supervisor.replicas.values():
+                for t in replica.tasks:
+                    rotate_if_needed(t.log, self.config.log_max_bytes, self.config.log_keep)
+        self._save_state()
+        err = self.reporter.flush()
+        if err is not None and self.store_ok:
+            log.warning("agent.store_unreachable", error=str(err), queued=len(self.reporter))
+        self.store_ok = err is None
+
+    def _heartbeat_and_register(self) -> None:
+        cluster, me = self.config.cluster, self.node.id
+        try:
+            self.store.heartbeat(cluster, me, self._clock())
+            stored = find_node(self.store, cluster, me)
+        except Exception as err:
+            log.warning("agent.heartbeat_failed", error=str(err))
+            return
+        if stored is not None and stored.state is NodeState.DRAINING:
+            return  # an operator's drain: re-registering would undo it
+        if stored is not None and stored.state is NodeState.READY and stored == self.node:
+            self._registered = True
+            return
+        why = "new" if stored is None else "lost" if stored.state is NodeState.LOST else "changed"
+        try:
+            self._register(self.node)
+            log.info("agent.registered", node=me, why=why)
+        except Exception as err:
+            log.warning("agent.register_failed", node=me, error=str(err))
+
+    def _my_bindings(self) -> dict[str, Assignment] | None:
+        mine: dict[str, Assignment] = {}
+        after = ""
+        try:
+            while True:
+                page = self.store.assignments(self.config.cluster, after, PAGE)
+                mine.update((a.workload_id, a) for a in page if a.node == self.node.id)
+                if len(page) < PAGE:
+                    return mine
+                after = page[-1].workload_id
+        except Exception as err:
+            log.warning("agent.bindings_unreadable", error=str(err))
+            return None
+
+    def _group(self, a: Assignment) -> TaskGroup | None:
+        job = self._jobs.get(a.job)
+        if job is None or not any(g.name == a.group for g in job.groups):
+            fresh = self.store.get_job(self.config.cluster, a.job)
+            if fresh is None:
+                return None
+            self._jobs[a.job] = job = fresh
+        return next((g for g in job.groups if g.name == a.group), None)
+
+    def _converge(self, mine: dict[str, Assignment]) -> None:
+        sup = self.supervisor
+        self._jobs = {}  # read afresh each step: a binding may be of a changed spec
+        for wid in sorted(set(sup.replicas) - set(mine)):
+            if wid not in self._released:
+                self._released.add(wid)
+                why = "adopted, not bound here" if wid in self._adopted else "binding released"
+                log.info("agent.stopping", workload=wid, why=why)
+                sup.stop(wid)
+            if sup.stopped(wid):
+                sup.forget(wid)
+                self.sampler.forget(wid)
+                self.usage.pop(wid, None)
+                self._released.discard(wid)
+                self._adopted.discard(wid)
+        for wid, a in sorted(mine.items()):
+            replica = sup.replicas.get(wid)
+            if replica is not None:
+                replica.cpu, replica.memory = a.cpu, a.memory
+                continue
+            try:
+                group = self._group(a)
+            except Exception as err:
+                log.warning("agent.job_unreadable", job=a.job, error=str(err))
+                continue
+            if group is None:
+                continue  # the job is gone: the loop releases the binding next
+            event = sup.start(wid, group, a.cpu, a.memory)
+            log.info("agent.started", workload=wid, status=event.status, message=event.message)
+            self._report(event)
+
+    def _report(self, event: Event) -> None:
+        if event.workload_id in self._released:
+            return  # stopped because it was released: the loop already knows
+        self.messages[event.workload_id] = event.message
+        if event.status != "running":
+            log.info("agent.replica_ended", workload=event.workload_id, message=event.message)
+        self.reporter.transition(
+            TaskReport(
+                workload_id=event.workload_id,
+                status=event.status,
+                at=self._clock(),
+                message=event.message[:1024],
+                node=self.node.id,
+            )
+        )
+
+    def _running(self) -> list[str]:
+        return [
+            wid
+            for wid, r in sorted(self.supervisor.replicas.items())
+            if r.outcome is None and r.stopping_since is None
+        ]
+
+    def _check_memory(self) -> None:
+        """Without a cgroup to enforce it, the agent enforces the memory request."""
+        for wid in self._running():
+            replica = self.supervisor.replicas[wid]
+            used = self.sampler.memory_mib(replica)
+            if replica.memory and used > replica.memory:
+                reason = f"over its memory limit: {used} MiB used, limit {replica.memory} MiB"
+                log.warning("agent.memory_limit", workload=wid, used=used, limit=replica.memory)
+                self.supervisor.stop(wid, reason)
+
+    def _report_usage(self) -> None:
+        for wid in self._running():
+            sample = self.sampler.sample(self.supervisor.replicas[wid])
+            if sample is None:
+                continue
+            self.usage[wid] = (sample.cpu, sample.memory)
+            self.reporter.usage(
+                TaskReport(
+                    workload_id=wid,
+                    status="running",
+                    cpu=sample.cpu,
+                    memory=sample.memory,
+                    at=self._clock(),
+                    message=f"cpu {sample.cpu_millicores}m memory {sample.memory_mib}Mi",
+                    node=self.node.id,
+                )
+            )
+
+    def _save_state(self) -> None:
+        records = self.supervisor.records()
+        if records != self._saved:
+            self.state.save(records)
+            self._saved = list(records)
+
+    # -- views ----------------------------------------------------------------------
+    def views(self) -> list[ReplicaView]:
+        out = []
+        for wid, r in sorted(self.supervisor.replicas.items()):
+            state = r.outcome[0] if r.outcome else "stopping" if r.stopping_since else "running"
+            cpu, memory = self.usage.get(wid, (None, None))
+            message = r.outcome[1] if r.outcome else self.messages.get(wid, "")
+            out.append(ReplicaView(wid, state, message, r.ports, cpu, memory))
+        return out
+
+    def shutdown(self, stop_tasks: bool, timeout: float = 15.0) -> None:
+        """Leave: by default the tasks keep running for the next agent to adopt."""
+        if stop_tasks:
+            self.supervisor.stop_all(timeout)
+        self._save_state()
+        self.reporter.flush()
+
+
+def find_node(store: Store, cluster: str, node_id: str) -> Node | None:
+    after = node_id[:-1]  # every id > its own prefix, so the page starts at or before it
+    while True:
+        page = store.nodes(cluster, after, 1000)
+        for n in page:
+            if n.id == node_id:
+                return n
+            if n.id > node_id:
+                return None
+        if len(page) < 1000:
+            return None
+        after = page[-1].id

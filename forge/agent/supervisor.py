@@ -1,0 +1,264 @@
+"""The processes of the replicas bound to this node: start, watch, stop, adopt.
+
+Each task runs in its own session (so in its own process group): stopping a replica
+signals the whole group, a shell's children included, and the agent's own signals
+(a Ctrl-C in its terminal) do not reach the tasks. A replica is one unit: when
+one of its tasks ends, the others are stopped and the replica is reported once.
+
+The supervisor never decides what should run; the agent tells it (``start``,
+``stop``) from the bindings it reads, and it reports what happened (``poll``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge.agent.logfiles import log_path
+from forge.agent.state import ProcessRecord, alive
+from forge.core.models import STOP_GRACE, TaskGroup
+
+__all__ = ["Event", "Replica", "Supervisor", "TaskProc"]
+
+
+@dataclass
+class TaskProc:
+    name: str
+    pid: int
+    started: float
+    log: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None  # None when adopted from a previous agent
+    exit_code: int | None = None
+    gone: bool = False
+
+    def finished(self) -> bool:
+        if self.gone:
+            return True
+        if self.popen is not None:
+            code = self.popen.poll()
+            if code is not None:
+                self.exit_code, self.gone = code, True
+        elif not alive(self.pid, self.started):
+            self.gone = True
+        return self.gone
+
+    def describe_exit(self) -> str:
+        if self.exit_code is None:
+            return f"task {self.name} ended while the agent was away (exit status unknown)"
+        if self.exit_code < 0:
+            name = signal.Signals(-self.exit_code).name
+            return f"task {self.name} was killed by {name}"
+        return f"task {self.name} exited with status {self.exit_code}"
+
+
+@dataclass
+class Replica:
+    workload_id: str
+    node: str
+    tasks: list[TaskProc]
+    cpu: int  # the binding's request: millicores
+    memory: int  # MiB
+    grace: float = STOP_GRACE
+    stopping_since: float | None = None
+    #: Set once the replica has ended; the agent reports it and keeps the tombstone
+    #: until the binding goes away (a failed replica is restarted by the loop's
+    #: policy through a new binding, never by the agent on its own).
+    outcome: tuple[str, str] | None = None
+    #: Why the agent stops it, when it does (memory limit): reported instead of
+    #: the signal that ended it.
+    stop_reason: str = ""
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {k: v for t in self.tasks for k, v in t.ports.items()}
+
+
+@dataclass(frozen=True)
+class Event:
+    workload_id: str
+    status: str  # running | failed | exited
+    message: str
+
+
+def free_port(taken: set[int]) -> int:
+    """A TCP port free right now on every interface (and not handed out already)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
+    raise OSError("no free port found")
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)  # the task is its session's leader: pgid == pid
+
+
+class Supervisor:
+    def __init__(self, data_dir: Path, node: str) -> None:
+        self.data_dir = data_dir
+        self.node = node
+        self.replicas: dict[str, Replica] = {}
+
+    # -- starting -----------------------------------------------------------------
+    def start(self, workload_id: str, group: TaskGroup, cpu: int, memory: int) -> Event:
+        """Start every task of a replica; a task that cannot start (no such
+        command) fails the replica with the OS error, and its started siblings
+        are stopped."""
+        taken = {p for r in self.replicas.values() for p in r.ports.values()}
+        replica = Replica(
+            workload_id,
+            self.node,
+            [],
+            cpu,
+            memory,
+            grace=max((t.stop_grace for t in group.tasks), default=STOP_GRACE),
+        )
+        self.replicas[workload_id] = replica
+        ports = {name: free_port(taken) for t in group.tasks for name in t.ports}
+        for task in group.tasks:
+            argv = [*(task.command or ()), *task.args]
+            log = log_path(self.data_dir, workload_id, task.name)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            workdir = self.data_dir / "work" / workload_id / task.name
+            workdir.mkdir(parents=True, exist_ok=True)
+            env = {
+                **os.environ,
+                **task.env,
+                "FORGE_WORKLOAD_ID": workload_id,
+                "FORGE_TASK": task.name,
+                "FORGE_NODE": self.node,
+                **{f"FORGE_PORT_{name.upper()}": str(port) for name, port in ports.items()},
+            }
+            problem = "" if argv else f"task {task.name} has no command"
+            if not problem:
+                try:
+                    with log.open("ab") as out:
+                        popen = subprocess.Popen(
+                            argv,
+                            cwd=workdir,
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                except OSError as err:
+                    problem = f"task {task.name}: cannot start {argv[0]!r}: {err.strerror}"
+            if problem:
+                with log.open("ab") as out:
+                    out.write(f"forge agent: {problem}\n".encode())
+                self._begin_stop(replica, time.monotonic())
+                replica.outcome = ("failed", problem)
+                return Event(workload_id, "failed", problem)
+            replica.tasks.append(
+                TaskProc(
+                    task.name,
+                    popen.pid,
+                    _create_time(popen.pid),
+                    log,
+                    {p: ports[p] for p in task.ports},
+                    popen,
+                )
+            )
+        shown = " ".join(f"{k}={v}" for k, v in sorted(ports.items()))
+        return Event(workload_id, "running", f"started{' ports ' + shown if shown else ''}")
+
+    def adopt(self, records: list[ProcessRecord], requests: dict[str, tuple[int, int]]) -> None:
+        """Take over the processes a previous agent on this node started. A replica
+        with a dead task is adopted too: ``poll`` then reports it ended."""
+        by_replica: dict[str, list[ProcessRecord]] = {}
+        for r in records:
+            by_replica.setdefault(r.workload_id, []).append(r)
+        for wid, recs in sorted(by_replica.items()):
+            cpu, memory = requests.get(wid, (0, 0))
+            tasks = [
+                TaskProc(r.task, r.pid, r.started, log_path(self.data_dir, wid, r.task), r.ports)
+                for r in recs
+            ]
+            self.replicas[wid] = Replica(wid, recs[0].node or self.node, tasks, cpu, memory)
+
+    def records(self) -> list[ProcessRecord]:
+        return [
+            ProcessRecord(r.workload_id, t.name, t.pid, t.started, t.ports, r.node)
+            for r in self.replicas.values()
+            for t in r.tasks
+            if not t.finished()
+        ]
+
+    # -- watching -----------------------------------------------------------------
+    def poll(self) -> list[Event]:
+        """Advance every replica: escalate stops past their grace, notice ends."""
+        now = time.monotonic()
+        events = []
+        for wid, replica in sorted(self.replicas.items()):
+            done = [t for t in replica.tasks if t.finished()]
+            overdue = replica.stopping_since is not None and (
+                now - replica.stopping_since > replica.grace
+            )
+            if overdue and len(done) < len(replica.tasks):
+                for t in replica.tasks:
+                    if not t.finished():
+                        _signal_group(t.pid, signal.SIGKILL)
+            if replica.outcome is None and done:
+                first = done[0]
+                if replica.stop_reason:
+                    outcome = ("failed", replica.stop_reason)
+                elif first.exit_code == 0 and len(done) == len(replica.tasks):
+                    outcome = ("exited", first.describe_exit())
+                else:
+                    outcome = ("failed", first.describe_exit())
+                replica.outcome = outcome
+                events.append(Event(wid, *outcome))
+                if len(done) < len(replica.tasks):
+                    self._begin_stop(replica, now)
+        return events
+
+    # -- stopping -----------------------------------------------------------------
+    def stop(self, workload_id: str, reason: str = "") -> None:
+        replica = self.replicas.get(workload_id)
+        if replica is None or replica.stopping_since is not None:
+            return
+        replica.stop_reason = replica.stop_reason or reason
+        self._begin_stop(replica, time.monotonic())
+
+    def _begin_stop(self, replica: Replica, now: float) -> None:
+        replica.stopping_since = now
+        for t in replica.tasks:
+            if not t.finished():
+                _signal_group(t.pid, signal.SIGTERM)
+
+    def stopped(self, workload_id: str) -> bool:
+        replica = self.replicas.get(workload_id)
+        return replica is None or all(t.finished() for t in replica.tasks)
+
+    def forget(self, workload_id: str) -> None:
+        """Drop a replica whose processes are all gone."""
+        self.replicas.pop(workload_id, None)
+
+    def stop_all(self, timeout: float) -> None:
+        """Stop everything and wait (the agent's own shutdown when asked to)."""
+        for wid in list(self.replicas):
+            self.stop(wid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(map(self.stopped, self.replicas)):
+            self.poll()
+            time.sleep(0.05)
+
+
+def _create_time(pid: int) -> float:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.NoSuchProcess:
+        return 0.0

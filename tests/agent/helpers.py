@@ -1,0 +1,96 @@
+"""Shared bits of the agent tests: jobs that run real commands, a bound store."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from forge.core.models import Assignment, Job, Node
+from forge.stores.base import Delta, Fence, Store
+
+PY = sys.executable
+SLEEP = [PY, "-c", "import time; time.sleep(600)"]
+
+
+def command_job(
+    name: str,
+    command: list[str],
+    *,
+    replicas: int = 1,
+    cpu: int = 500,
+    memory: int = 256,
+    **task: Any,
+) -> Job:
+    return Job.model_validate(
+        {
+            "id": name,
+            "name": name,
+            "groups": [
+                {
+                    "name": "main",
+                    "scaling": {"min": 0, "max": 100, "desired": replicas},
+                    "tasks": [
+                        {
+                            "name": "t",
+                            "command": command,
+                            "resources": {"cpu": cpu, "memory": memory},
+                            **task,
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+
+
+class Binder:
+    """Writes bindings into a store as the cluster loop's persist would."""
+
+    def __init__(self, store: Store, cluster: str = "default") -> None:
+        self.store, self.cluster, self.pass_no = store, cluster, 0
+
+    def apply(self, bind: list[Assignment] = (), release: list[str] = ()) -> None:  # type: ignore[assignment]
+        self.pass_no += 1
+        self.store.apply_delta(
+            self.cluster, Fence(1, self.pass_no), Delta(bind=list(bind), release=list(release))
+        )
+
+    def bind(self, job: Job, ordinal: int, node: str) -> str:
+        self.store.put_job(self.cluster, job)
+        g = job.groups[0]
+        wid = f"{job.id}/{g.name}/{ordinal}"
+        cpu = sum(t.resources.cpu for t in g.tasks)
+        memory = sum(t.resources.memory for t in g.tasks)
+        self.apply(
+            bind=[
+                Assignment(
+                    workload_id=wid,
+                    job=job.id,
+                    group=g.name,
+                    ordinal=ordinal,
+                    node=node,
+                    cpu=cpu,
+                    memory=memory,
+                )
+            ]
+        )
+        return wid
+
+
+def until(pred: Callable[[], Any], timeout: float = 10.0, step: Callable[[], None] | None = None):
+    """Poll ``pred`` (running ``step`` first each time) until truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if step is not None:
+            step()
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached in {timeout}s")
+
+
+def local_node(node_id: str = "n1") -> Node:
+    return Node(id=node_id, cpu=4000, memory=8192)

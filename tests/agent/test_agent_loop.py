@@ -1,0 +1,209 @@
+"""The agent's loop against an in-memory store, with real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from forge.agent.agent import Agent
+from forge.agent.config import AgentConfig
+from forge.agent.server import LogServer
+from forge.core.models import Node
+from forge.stores import MemoryStore
+from tests.agent.helpers import PY, SLEEP, Binder, command_job, local_node, until
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+def _agent(store: MemoryStore, data_dir: Path, registered: list[Node] | None = None) -> Agent:
+    config = AgentConfig(
+        node=local_node(), data_dir=data_dir, poll=0.05, heartbeat_every=0.2, usage_every=0.2
+    )
+    sink = registered if registered is not None else []
+    return Agent(config, store, sink.append)
+
+
+def _reports(store: MemoryStore, wid: str) -> list[tuple[str, str]]:
+    """The replica's status transitions (usage samples left out)."""
+    found = store.reports_since("default", 0)
+    return [(r.status, r.message) for r in found if r.workload_id == wid and r.cpu is None]
+
+
+def _pids(agent: Agent, wid: str) -> list[int]:
+    return [t.pid for t in agent.supervisor.replicas[wid].tasks]
+
+
+def test_registers_heartbeats_and_runs_a_bound_replica_with_ports(store, tmp_path) -> None:
+    registered: list[Node] = []
+    agent = _agent(store, tmp_path, registered)
+    code = (
+        "import os; print(os.environ['FORGE_WORKLOAD_ID'], os.environ['FORGE_PORT_HTTP'], "
+        "flush=True); import time; time.sleep(600)"
+    )
+    wid = Binder(store).bind(command_job("web", [PY, "-c", code], ports=["http"]), 0, "n1")
+    agent.step()
+    assert [n.id for n in registered] == ["n1"]  # not in the store yet: signalled
+    until(lambda: ("running", _reports(store, wid)[0][1]) if _reports(store, wid) else None)
+    port = agent.supervisor.replicas[wid].ports["http"]
+    log = tmp_path / "logs" / "web" / "main" / "0" / "t.log"
+    until(lambda: log.exists() and log.read_text().strip() == f"{wid} {port}", step=agent.step)
+    assert _reports(store, wid)[0] == ("running", f"started ports http={port}")
+    agent.shutdown(stop_tasks=True)
+
+
+def test_a_missing_command_fails_the_replica_with_the_os_error(store, tmp_path) -> None:
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    ok = binder.bind(command_job("ok", SLEEP), 0, "n1")
+    bad = binder.bind(command_job("bad", ["/no/such/forge-command"]), 0, "n1")
+    agent.step()
+    assert _reports(store, bad) == [
+        ("failed", "task t: cannot start '/no/such/forge-command': No such file or directory")
+    ]
+    assert [s for s, _ in _reports(store, ok)] == ["running"]
+    for _ in range(5):
+        agent.step()  # failed stays failed: no restart without a new binding
+    assert len(_reports(store, bad)) == 1
+    agent.shutdown(stop_tasks=True)
+
+
+def test_a_killed_task_is_reported_failed_and_restarted_only_by_a_new_binding(
+    store, tmp_path
+) -> None:
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    job = command_job("svc", SLEEP)
+    wid = binder.bind(job, 0, "n1")
+    agent.step()
+    first = _pids(agent, wid)[0]
+    os.kill(first, signal.SIGKILL)
+    until(lambda: len(_reports(store, wid)) == 2, step=agent.step)
+    assert _reports(store, wid)[1] == ("failed", "task t was killed by SIGKILL")
+    binder.apply(release=[wid])  # what the loop does with a failed replica
+    until(lambda: wid not in agent.supervisor.replicas, step=agent.step)
+    binder.bind(job, 0, "n1")  # and its reschedule policy binds it again
+    until(lambda: wid in agent.supervisor.replicas, step=agent.step)
+    assert _pids(agent, wid)[0] != first
+    assert [s for s, _ in _reports(store, wid)] == ["running", "failed", "running"]
+    agent.shutdown(stop_tasks=True)
+
+
+def test_a_released_binding_gets_sigterm_then_sigkill_after_its_grace(store, tmp_path) -> None:
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    wid = binder.bind(command_job("stub", [PY, "-c", stubborn], stop_grace=0.5), 0, "n1")
+    agent.step()
+    pid = _pids(agent, wid)[0]
+    log = tmp_path / "logs" / "stub" / "main" / "0" / "t.log"
+    until(lambda: log.exists() and "ready" in log.read_text())
+    binder.apply(release=[wid])
+    agent.step()
+    assert _exists(pid), "SIGTERM is ignored: still there within the grace"
+    until(lambda: wid not in agent.supervisor.replicas, timeout=5, step=agent.step)
+    assert not _exists(pid)
+    assert [s for s, _ in _reports(store, wid)] == ["running"]  # a release is not a failure
+
+
+def test_a_restarted_agent_adopts_its_processes_and_kills_what_it_no_longer_owns(
+    store, tmp_path
+) -> None:
+    first = _agent(store, tmp_path)
+    binder = Binder(store)
+    keep = binder.bind(command_job("keep", SLEEP), 0, "n1")
+    moved = binder.bind(command_job("moved", SLEEP), 0, "n1")
+    first.step()
+    keep_pid, moved_pid = _pids(first, keep)[0], _pids(first, moved)[0]
+    del first  # the agent dies without stopping anything (kill -9)
+    binder.apply(release=[moved])  # meanwhile its replica moved away
+    second = _agent(store, tmp_path)
+    until(lambda: moved not in second.supervisor.replicas, step=second.step)
+    assert not _exists(moved_pid)
+    assert _pids(second, keep) == [keep_pid]  # adopted, not started twice
+    assert [s for s, _ in _reports(store, keep)] == ["running"]
+    os.kill(keep_pid, signal.SIGKILL)
+    until(lambda: len(_reports(store, keep)) == 2, step=second.step)
+    assert _reports(store, keep)[1][0] == "failed"
+    second.shutdown(stop_tasks=True)
+
+
+def test_a_replica_over_its_memory_request_is_stopped_and_says_why(store, tmp_path) -> None:
+    agent = _agent(store, tmp_path)
+    hog = "b = bytearray(120 * 1024 * 1024); import time; time.sleep(600)"
+    wid = Binder(store).bind(command_job("hog", [PY, "-c", hog], memory=64), 0, "n1")
+    failed = until(
+        lambda: [m for s, m in _reports(store, wid) if s != "running"], timeout=15, step=agent.step
+    )
+    assert len(failed) == 1 and _reports(store, wid)[-1][0] == "failed"
+    message = failed[0]
+    assert message.startswith("over its memory limit:") and "limit 64 MiB" in message
+
+
+def test_usage_is_sampled_and_reported_for_the_autoscaler(store, tmp_path) -> None:
+    agent = _agent(store, tmp_path)
+    burn = "while True: pass"
+    binder = Binder(store)
+    wid = binder.bind(command_job("burn", [PY, "-c", burn], cpu=50), 0, "n1")
+    binder.bind(command_job("idle", SLEEP), 0, "n1")
+
+    def usage(group: str) -> float:
+        return store.group_usage("default", 0).get(group, (0.0, 0.0))[0]
+
+    # a busy loop on a 50m request: 20.0 with a core to itself, still > 0.5 with 1/40 of one
+    # (the sleeper's first sample holds its interpreter's start-up; then it reads idle)
+    until(
+        lambda: (
+            usage("burn/main") > 0.5
+            and "idle/main" in store.group_usage("default", 0)
+            and usage("idle/main") < 0.1
+        ),
+        timeout=20,
+        step=agent.step,
+    )
+    server = LogServer("127.0.0.1:0", tmp_path, agent.views)
+    server.start()
+    try:
+        with urllib.request.urlopen(f"http://{server.address}/v1/replicas") as resp:
+            shown = json.loads(resp.read())
+        assert shown[0]["workload_id"] == wid and shown[0]["state"] == "running"
+    finally:
+        server.close()
+        agent.shutdown(stop_tasks=True)
+
+
+def test_log_server_needs_the_token_when_it_has_one(store, tmp_path) -> None:
+    folder = tmp_path / "logs" / "web" / "main" / "0"
+    folder.mkdir(parents=True)
+    (folder / "t.log").write_bytes(b"hello\n")
+    server = LogServer("127.0.0.1:0", tmp_path, lambda: [], token="s3cret")
+    server.start()
+    try:
+        url = f"http://{server.address}/v1/logs/web/main/0?offset=2"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url)
+        assert err.value.code == 401
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(req) as resp:
+            assert resp.read() == b"llo\n" and resp.headers["X-Forge-Offset"] == "6"
+    finally:
+        server.close()
+
+
+def _exists(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -40,7 +40,7 @@ from forge.core.placement import Binding
 from forge.settings import Settings
 from forge.stores.base import Store
 from forge.wire import contract as c
-from forge.wire import views
+from forge.wire import errors, views
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -77,9 +77,6 @@ _BUSY_DELAYS = (0.05, 0.1, 0.2, 0.3, *(0.5,) * 118)
 #: near that size makes the workflow's own commands too big; so a bigger request
 #: is refused here, as bad input, before anything is sent.
 MAX_REQUEST_BYTES = MAX_BATCH_BYTES + 64 * 1024
-#: The ApplicationError type of an update the workflow refused because its run is
-#: about to continue as new (``workflows.cluster.BUSY``): retried, not reported.
-_BUSY_TYPE = "Busy"
 
 _M = TypeVar("_M", bound=BaseModel)
 _R = TypeVar("_R")
@@ -93,8 +90,10 @@ def _busy(err: RPCError) -> bool:
 
 
 def _busy_refusal(err: WorkflowUpdateFailedError) -> bool:
+    """The workflow refused the update because its run is about to continue as new:
+    retried, not reported."""
     cause = err.cause
-    return isinstance(cause, ApplicationError) and cause.type == _BUSY_TYPE
+    return isinstance(cause, ApplicationError) and cause.type == errors.BUSY
 
 
 class ForgeError(Exception):

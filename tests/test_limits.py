@@ -444,7 +444,7 @@ def test_an_assignments_page_is_at_most_10000() -> None:
 
 
 def test_the_status_query_lists_at_most_200_pending_replicas() -> None:
-    from workflows.cluster import PENDING_SHOWN as shown
+    from forge.wire.views import PENDING_SHOWN as shown
 
     assert shown == PENDING_SHOWN
 

@@ -14,6 +14,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from forge.core.models import MAX_BATCH_BYTES
 from forge.errors import ForgeError, InvalidInput, Unavailable
+from forge.wire import errors
 
 __all__ = [
     "BUSY_DELAYS",
@@ -43,9 +44,6 @@ BUSY_DELAYS = (0.05, 0.1, 0.2, 0.3, *(0.5,) * 118)
 #: near that size makes the workflow's own commands too big; so a bigger request
 #: is refused here, as bad input, before anything is sent.
 MAX_REQUEST_BYTES = MAX_BATCH_BYTES + 64 * 1024
-#: The ApplicationError type of an update the workflow refused because its run is
-#: about to continue as new (``workflows.cluster.BUSY``): retried, not reported.
-_BUSY_TYPE = "Busy"
 
 
 def busy(err: RPCError) -> bool:
@@ -55,8 +53,10 @@ def busy(err: RPCError) -> bool:
 
 
 def busy_refusal(err: WorkflowUpdateFailedError) -> bool:
+    """The workflow refused the update because its run is about to continue as new:
+    retried, not reported."""
     cause = err.cause
-    return isinstance(cause, ApplicationError) and cause.type == _BUSY_TYPE
+    return isinstance(cause, ApplicationError) and cause.type == errors.BUSY
 
 
 def batches(items: Sequence[_M], count: int) -> list[list[_M]]:

@@ -8,7 +8,7 @@ wire change.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,13 +46,18 @@ __all__ = [
     "ClusterInput",
     "ClusterOptions",
     "DrainNode",
+    "DrainOp",
     "Explanation",
     "JobResult",
     "LoopStatus",
+    "LostOp",
+    "NodeOp",
     "NodeRef",
     "NodeView",
     "PendingView",
     "RegisterNodes",
+    "RegisterOp",
+    "RemoveOp",
     "ReportFailed",
     "ReportFailedResult",
     "ResourceView",
@@ -178,6 +183,35 @@ class RegisterNodes(_Msg):
 
 class NodeRef(_Msg):
     node_id: str
+
+
+# -- node operations: what the signals and drain_node ask of the next pass --------------
+# Queued in arrival order by the handlers and applied by a pass. They live in the
+# workflow's memory only (the signals carry RegisterNodes / NodeRef), but are typed
+# like the wire so that an operation is one value a pass can match on.
+
+
+class RegisterOp(_Msg):
+    op: Literal["register"] = "register"
+    node: Node
+
+
+class RemoveOp(_Msg):
+    op: Literal["remove"] = "remove"
+    node_id: str
+
+
+class LostOp(_Msg):
+    op: Literal["lost"] = "lost"
+    node_id: str
+
+
+class DrainOp(_Msg):
+    op: Literal["drain"] = "drain"
+    node_id: str
+
+
+NodeOp = Annotated[RegisterOp | RemoveOp | LostOp | DrainOp, Field(discriminator="op")]
 
 
 # -- updates ------------------------------------------------------------------------

@@ -11,27 +11,37 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple
 
 from forge.core.models import Job, Node
 from forge.core.placement import Binding, Cluster, explain_node
-from forge.core.reconcile import PendingEntry
+from forge.core.reconcile import PendingEntry, Plan
 from forge.wire import contract as c
 
 __all__ = [
+    "NODE_STATES",
     "PENDING_SHOWN",
     "REASONS_SHOWN",
     "VERDICTS_SHOWN",
+    "Metric",
+    "assignments_page",
+    "details",
     "explanation",
     "loop_status",
+    "loop_summary",
     "node_views",
+    "pass_metrics",
+    "pass_text",
     "pending_reasons",
     "pending_views",
+    "status_view",
 ]
 
 PENDING_SHOWN = 200  # pending replicas listed (the rest are counted)
 REASONS_SHOWN = 10  # distinct pending reasons listed
 VERDICTS_SHOWN = 20  # per-node verdicts an explanation lists
 DEFERRED_REASON = "deferred to the next pass (per-pass placement or work limit)"
+NODE_STATES = ("ready", "draining", "lost")  # each has a gauge, zero included
 
 
 def allocations(nodes: Iterable[Node], bindings: Iterable[Binding]) -> Cluster:
@@ -150,3 +160,156 @@ def explanation(
     if not reasons:
         reasons.append("waiting for the next pass")
     return c.Explanation(workload_id=wid, state="pending", reasons=reasons, nodes=verdicts)
+
+
+def loop_summary(
+    *,
+    jobs: Mapping[str, Job],
+    nodes: int,
+    bound: int,
+    pending: int,
+    passes: int,
+    generation: int,
+    last_pass_at: float | None,
+    last_pass: str,
+) -> c.Summary:
+    """The loop's counts, ``pending`` including the replicas a pass deferred."""
+    return c.Summary(
+        desired=sum(g.scaling.desired for j in jobs.values() for g in j.groups),
+        bound=bound,
+        pending=pending,
+        nodes=nodes,
+        jobs=len(jobs),
+        passes=passes,
+        generation=generation,
+        last_pass_at=last_pass_at,
+        last_pass=last_pass,
+    )
+
+
+def status_view(
+    summary: c.Summary,
+    nodes: Iterable[Node],
+    bindings: Iterable[Binding],
+    pending: Mapping[str, PendingEntry],
+    deferred: int = 0,
+) -> c.StatusView:
+    shown, truncated = pending_views(pending)
+    return c.StatusView(
+        summary=summary,
+        nodes=node_views(nodes, bindings),
+        pending=shown,
+        pending_truncated=truncated + deferred,
+    )
+
+
+def assignments_page(bindings: Mapping[str, Binding], q: c.AssignmentsQuery) -> c.AssignmentsPage:
+    """The bindings after ``q.after`` in workload-id order (on ``q.node`` only when
+    given), ``q.limit`` of them, and where the next page starts."""
+    ids = sorted(
+        w for w, b in bindings.items() if w > q.after and (q.node is None or b.node == q.node)
+    )
+    page = ids[: q.limit]
+    items = [
+        c.AssignmentView(
+            workload_id=w,
+            node=bindings[w].node,
+            gpu_ids=list(bindings[w].gpu_ids),
+            status=str(bindings[w].status),
+        )
+        for w in page
+    ]
+    return c.AssignmentsPage(items=items, next_after=page[-1] if len(ids) > q.limit else None)
+
+
+def pass_text(passes: int, plan: Plan) -> str:
+    """One line on what pass number ``passes`` did."""
+    return (
+        f"pass {passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
+        f"{len(plan.pending) + plan.deferred} pending"
+        + (f" ({plan.deferred} deferred)" if plan.deferred else "")
+    )
+
+
+def details(
+    *,
+    cluster: str,
+    runs: int,
+    generation: int,
+    nodes: Iterable[Node],
+    jobs: int,
+    bound: int,
+    pending: Mapping[str, PendingEntry],
+    deferred: int,
+    last_pass: str,
+    notices: Iterable[str] = (),
+) -> str:
+    """The workflow's current details (Markdown, shown by the Web UI): what an
+    operator looking at the run wants first, without a query."""
+    states = Counter(str(n.state) for n in nodes)
+    reasons = pending_reasons(pending, deferred, limit=5)
+    lines = [
+        f"**Forge cluster `{cluster}`** (run {runs}, generation {generation})",
+        "",
+        f"- nodes: {sum(states.values())} ("
+        + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        + ")",
+        f"- jobs: {jobs}, replicas bound: {bound}, pending: {len(pending) + deferred}",
+        f"- last pass: {last_pass}",
+    ]
+    lines.extend(f"- **{n}**" for n in notices)
+    if reasons:
+        lines.append("- pending because:")
+        lines.extend(f"  - {n} x {r}" for r, n in reasons)
+    return "\n".join(lines)
+
+
+class Metric(NamedTuple):
+    """One instrument reading: the workflow hands these to its metric meter."""
+
+    kind: Literal["gauge", "counter", "histogram", "histogram_float"]
+    name: str
+    description: str
+    value: float
+    attributes: Mapping[str, str] = {}
+    unit: str | None = None
+
+
+def pass_metrics(plan: Plan, nodes: Iterable[Node], elapsed: float) -> list[Metric]:
+    """What a pass reports: replica and node gauges, placement counters, and the
+    planning time (``elapsed`` seconds) and work of the pass."""
+    pending = len(plan.pending) + plan.deferred
+    backoff = sum(1 for e in plan.pending.values() if e.kind == "backoff")
+    out = [
+        Metric("gauge", "forge_replicas_desired", "desired replicas", plan.desired),
+        Metric("gauge", "forge_replicas_bound", "bound replicas", len(plan.bindings)),
+        Metric("gauge", "forge_replicas_pending", "pending replicas", pending),
+        Metric("gauge", "forge_replicas_backoff", "replicas in backoff", backoff),
+    ]
+    states = Counter(str(n.state) for n in nodes)
+    out.extend(
+        Metric("gauge", "forge_nodes", "nodes by state", states.get(s, 0), {"state": s})
+        for s in NODE_STATES
+    )
+    out.append(Metric("counter", "forge_placements_total", "replicas placed", len(plan.placed)))
+    out.append(Metric("counter", "forge_releases_total", "replicas released", len(plan.released)))
+    # every release moves or stops a running replica: by reason, so a move that
+    # nothing asked for (a restart churn bug) shows up in production
+    out.extend(
+        Metric(
+            "counter",
+            "forge_replicas_moved_total",
+            "replicas released from their node, by reason",
+            n,
+            {"reason": reason},
+        )
+        for reason, n in sorted(Counter(r for _, r in plan.released).items())
+    )
+    out.append(Metric("counter", "forge_passes_total", "reconcile passes", 1))
+    out.append(
+        Metric("histogram_float", "forge_pass_seconds", "time to plan one pass", elapsed, {}, "s")
+    )
+    out.append(
+        Metric("histogram", "forge_pass_work_units", "node checks and scores of a pass", plan.work)
+    )
+    return out

@@ -53,7 +53,7 @@ class TimerOnlyWhenLive(ClusterWorkflow):
         await super().run(inp)
 
     async def _pass(self) -> None:
-        if self.passes == 1 and not workflow.unsafe.is_replaying():
+        if self.st.passes == 1 and not workflow.unsafe.is_replaying():
             await workflow.sleep(0.01)
         await super()._pass()
 

@@ -1,0 +1,160 @@
+"""The loop's views are pure: status, details, pass lines and metrics come out of
+plain data, so they are checked here without a Temporal server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge.core.models import Job, Node, NodeState
+from forge.core.placement import Binding
+from forge.core.reconcile import PendingEntry, Plan
+from forge.wire import contract as c
+from forge.wire import views
+
+
+def _node(node_id: str, state: NodeState = NodeState.READY) -> Node:
+    n = Node.model_validate({"id": node_id, "cpu": 4000, "memory": 8192})
+    return n.model_copy(update={"state": state})
+
+
+def _job(name: str, *desired: int) -> Job:
+    groups: list[dict[str, Any]] = [
+        {
+            "name": f"g{i}",
+            "scaling": {"min": 0, "max": 100, "desired": d},
+            "tasks": [{"name": "t", "resources": {"cpu": 100, "memory": 64}}],
+        }
+        for i, d in enumerate(desired)
+    ]
+    return Job.model_validate({"name": name, "groups": groups})
+
+
+def _binding(job: str, ordinal: int, node: str) -> Binding:
+    return Binding(job, "g0", ordinal, node, (), 100, 64)
+
+
+def _plan(**kw: Any) -> Plan:
+    return Plan(bindings=kw.pop("bindings", {}), **kw)
+
+
+def test_a_pass_line_counts_placed_released_and_pending_and_names_the_deferred() -> None:
+    plan = _plan(
+        placed=[_binding("a", 0, "n1")],
+        released=[("b/g0/0", "node lost"), ("b/g0/1", "node lost")],
+        pending={"c/g0/0": PendingEntry()},
+        deferred=3,
+    )
+    assert views.pass_text(7, plan) == "pass 7: +1 placed, -2 released, 4 pending (3 deferred)"
+    assert views.pass_text(1, _plan()) == "pass 1: +0 placed, -0 released, 0 pending"
+
+
+def test_the_summary_sums_the_desired_replicas_of_every_group() -> None:
+    jobs = {"a": _job("a", 2, 3), "b": _job("b", 1)}
+    s = views.loop_summary(
+        jobs=jobs,
+        nodes=2,
+        bound=4,
+        pending=2,
+        passes=5,
+        generation=3,
+        last_pass_at=10.0,
+        last_pass="x",
+    )
+    assert (s.desired, s.jobs, s.bound, s.pending, s.generation) == (6, 2, 4, 2, 3)
+
+
+def test_details_show_nodes_by_state_notices_and_why_replicas_wait() -> None:
+    pending = {
+        "a/g0/0": PendingEntry(reasons=("cpu: no node has 100m free",)),
+        "a/g0/1": PendingEntry(reasons=("cpu: no node has 100m free",)),
+    }
+    text = views.details(
+        cluster="prod",
+        runs=2,
+        generation=4,
+        nodes=[_node("n1"), _node("n2"), _node("n3", NodeState.LOST)],
+        jobs=1,
+        bound=5,
+        pending=pending,
+        deferred=1,
+        last_pass="pass 9",
+        notices=["1 signal(s) dropped; last: x"],
+    )
+    lines = text.splitlines()
+    assert lines[0] == "**Forge cluster `prod`** (run 2, generation 4)"
+    assert "- nodes: 3 (1 lost, 2 ready)" in lines
+    assert "- jobs: 1, replicas bound: 5, pending: 3" in lines
+    assert "- **1 signal(s) dropped; last: x**" in lines
+    assert "  - 2 x cpu: no node has 100m free" in lines
+    assert f"  - 1 x {views.DEFERRED_REASON}" in lines
+
+
+def test_details_without_pending_list_no_reasons() -> None:
+    text = views.details(
+        cluster="c",
+        runs=1,
+        generation=1,
+        nodes=[],
+        jobs=0,
+        bound=0,
+        pending={},
+        deferred=0,
+        last_pass="not yet run",
+    )
+    assert "pending because" not in text
+    assert "- nodes: 0 ()" in text.splitlines()
+
+
+def test_assignment_pages_follow_workload_ids_and_filter_by_node() -> None:
+    bindings = {b.workload_id: b for b in (_binding("j", i, f"n{i % 2}") for i in range(5))}
+    first = views.assignments_page(bindings, c.AssignmentsQuery(limit=2))
+    assert [a.workload_id for a in first.items] == ["j/g0/0", "j/g0/1"]
+    assert first.next_after == "j/g0/1"
+    rest = views.assignments_page(bindings, c.AssignmentsQuery(after="j/g0/1", limit=10))
+    assert [a.workload_id for a in rest.items] == ["j/g0/2", "j/g0/3", "j/g0/4"]
+    assert rest.next_after is None
+    on_n1 = views.assignments_page(bindings, c.AssignmentsQuery(node="n1"))
+    assert [a.workload_id for a in on_n1.items] == ["j/g0/1", "j/g0/3"]
+    assert all(a.node == "n1" and a.status == "pending" for a in on_n1.items)
+
+
+def test_the_status_counts_deferred_replicas_as_not_listed() -> None:
+    pending = {f"j/g0/{i}": PendingEntry() for i in range(views.PENDING_SHOWN + 2)}
+    view = views.status_view(
+        c.Summary.empty(), [_node("n1")], [_binding("j", 0, "n1")], pending, deferred=5
+    )
+    assert len(view.pending) == views.PENDING_SHOWN
+    assert view.pending_truncated == 2 + 5
+    assert view.nodes[0].replicas == 1 and view.nodes[0].cpu.allocated == 100
+
+
+def _by_name(metrics: list[views.Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(m.name, tuple(sorted(m.attributes.items()))): m.value for m in metrics}
+
+
+def test_pass_metrics_report_every_node_state_and_moves_by_reason() -> None:
+    plan = _plan(
+        bindings={"a/g0/0": _binding("a", 0, "n1")},
+        placed=[_binding("a", 0, "n1")],
+        released=[("b/g0/0", "node lost"), ("b/g0/1", "node lost"), ("c/g0/0", "stopped")],
+        pending={"d/g0/0": PendingEntry(kind="backoff"), "d/g0/1": PendingEntry(kind="deferred")},
+        deferred=2,
+        desired=6,
+        work=42,
+    )
+    got = _by_name(views.pass_metrics(plan, [_node("n1"), _node("n2", NodeState.LOST)], 0.25))
+    assert got[("forge_replicas_desired", ())] == 6
+    assert got[("forge_replicas_bound", ())] == 1
+    assert got[("forge_replicas_pending", ())] == 4
+    assert got[("forge_replicas_backoff", ())] == 1
+    assert got[("forge_nodes", (("state", "ready"),))] == 1
+    assert got[("forge_nodes", (("state", "draining"),))] == 0
+    assert got[("forge_nodes", (("state", "lost"),))] == 1
+    assert got[("forge_replicas_moved_total", (("reason", "node lost"),))] == 2
+    assert got[("forge_replicas_moved_total", (("reason", "stopped"),))] == 1
+    assert got[("forge_passes_total", ())] == 1
+    assert got[("forge_pass_seconds", ())] == 0.25
+    assert got[("forge_pass_work_units", ())] == 42
+    kinds = {m.name: m.kind for m in views.pass_metrics(plan, [], 0.0)}
+    assert kinds["forge_pass_seconds"] == "histogram_float"
+    assert kinds["forge_placements_total"] == "counter"

@@ -1,0 +1,321 @@
+"""The cluster workflow's signals, updates and queries, and the state they share
+with the loop.
+
+:class:`ClusterWorkflow` inherits them (Temporal collects handlers from the class's
+bases), so this module is the workflow's interface and ``workflows.cluster`` its
+loop. Handlers never do I/O: they queue work (node operations, job writes) for the
+next pass and, when the caller asked to wait, wait for the pass that planned it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RawValue
+
+from workflows.inputs import Payload, busy, json_size, parse, refuse, update_arg
+from workflows.queue import JobQueue
+from workflows.state import LoopState
+
+with workflow.unsafe.imports_passed_through():
+    from forge.core.models import MAX_BATCH_BYTES, Job, NodeState, workload_id
+    from forge.wire import contract as c
+    from forge.wire import views
+
+__all__ = ["PATCH_DROPPED_SIGNALS", "Handlers"]
+
+#: A dropped signal (bad payload, unknown name) is counted and published by a pass.
+PATCH_DROPPED_SIGNALS = "dropped-signals-1"
+
+
+class Handlers:
+    def __init__(self, inp: c.ClusterInput) -> None:
+        self.st = LoopState.start(inp)
+        self.queue = JobQueue()
+        self.inbox: list[c.NodeOp] = []  # node operations for the next pass
+        self.ready = False  # the state is loaded: handlers may act on it
+        self.dirty = True  # a pass is due
+        # Replicas examined by this run's passes: a worker that takes the workflow
+        # over replays every pass, so the run ends before replay gets slow.
+        self.replay_cost = 0
+        self.updates = 0  # accepted in this run
+
+    def _continue_as_new_due(self) -> bool:
+        info, opts = workflow.info(), self.st.opts
+        limit = opts.max_passes_per_run
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= opts.max_history_events
+            or info.get_current_history_size() >= opts.max_history_bytes
+            or self.replay_cost >= opts.max_replay_cost
+            or self.updates >= opts.max_updates_per_run  # the server refuses past 2,000
+            or bool(limit and self.st.passes >= limit)
+        )
+
+    # -- signals: parsed here, never refused (see workflows.inputs) -----------------------
+    @workflow.signal(name=c.SIGNAL_REGISTER_NODE)
+    def register_node(self, *args: Any) -> None:
+        req = self._signal(c.SIGNAL_REGISTER_NODE, c.RegisterNodes, args)
+        for node in req.nodes if req is not None else ():
+            self.inbox.append(c.RegisterOp(node=node))
+
+    @workflow.signal(name=c.SIGNAL_REMOVE_NODE)
+    def remove_node(self, *args: Any) -> None:
+        req = self._signal(c.SIGNAL_REMOVE_NODE, c.NodeRef, args)
+        if req is not None:
+            self.inbox.append(c.RemoveOp(node_id=req.node_id))
+
+    @workflow.signal(name=c.SIGNAL_NODE_LOST)
+    def node_lost(self, *args: Any) -> None:
+        req = self._signal(c.SIGNAL_NODE_LOST, c.NodeRef, args)
+        if req is not None:
+            self.inbox.append(c.LostOp(node_id=req.node_id))
+
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """A signal no handler knows (a misspelt name): recorded, never raised."""
+        self._dropped(name, "unknown signal (known: register_node, remove_node, node_lost)")
+
+    def _signal(self, name: str, model: type[Payload], args: tuple[Any, ...]) -> Payload | None:
+        parsed = parse(model, args)
+        if isinstance(parsed, str):
+            self._dropped(name, parsed)
+            return None
+        return parsed
+
+    def _dropped(self, name: str, problem: str) -> None:
+        """A signal could not be used: the sender cannot be told (signals are not
+        answered), so it is logged, counted and shown (details, status) instead."""
+        workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
+        if not workflow.patched(PATCH_DROPPED_SIGNALS):
+            return
+        self.st.signals_dropped += 1
+        self.st.last_dropped = f"{name}: {problem}"[:300]
+        workflow.metric_meter().create_counter(
+            "forge_signals_dropped_total", "signals dropped: unknown name or bad payload"
+        ).add(1, {"signal": name[:64]})
+        self.dirty = True  # the next pass publishes it
+
+    # -- updates ------------------------------------------------------------------------
+    @workflow.update(name=c.UPDATE_SUBMIT_JOB)
+    async def submit_job(self, raw: Any) -> c.JobResult:
+        req = update_arg(c.SubmitJob, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        await self.queue.reserve(json_size(req.job))
+        ticket = self._queue_job(req.job.id, req.job)
+        return await self._settle(req.job.id, ticket, wait=req.wait)
+
+    @submit_job.validator
+    def _validate_submit(self, raw: Any) -> None:
+        req = update_arg(c.SubmitJob, raw)
+        # Jobs may arrive before any node: they wait, pending, with reasons.
+        self._refuse_if_busy()
+        if not req.job.groups:
+            raise refuse("job has no groups")
+
+    @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
+    async def submit_jobs(self, raw: Any) -> list[c.JobResult]:
+        req = update_arg(c.SubmitJobs, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        await self.queue.reserve(sum(json_size(j) for j in req.jobs))
+        tickets = [self._queue_job(j.id, j) for j in req.jobs]
+        if req.wait:
+            await workflow.wait_condition(lambda: self.queue.planned >= tickets[-1])
+        return [
+            await self._settle(j.id, t, wait=False) for j, t in zip(req.jobs, tickets, strict=True)
+        ]
+
+    @submit_jobs.validator
+    def _validate_submit_jobs(self, raw: Any) -> None:
+        req = update_arg(c.SubmitJobs, raw)
+        self._refuse_if_busy()
+        size = sum(json_size(j) for j in req.jobs)
+        if size > MAX_BATCH_BYTES:
+            raise refuse(
+                f"{len(req.jobs)} jobs of {size / 1024:,.0f} KiB as JSON in one update; the "
+                f"limit is {MAX_BATCH_BYTES // 1024} KiB: send them in smaller batches"
+            )
+        ids = [j.id for j in req.jobs]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise refuse(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
+
+    @workflow.update(name=c.UPDATE_SCALE)
+    async def scale(self, raw: Any) -> c.JobResult:
+        req = update_arg(c.ScaleGroup, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        current = self.queue.current(req.job_id, self.st.jobs)
+        await self.queue.reserve(json_size(current) if current is not None else 0)
+        job = self.queue.current(req.job_id, self.st.jobs)  # again: it may have changed
+        if job is None or job.group(req.group) is None:
+            raise refuse(f"no group {req.job_id}/{req.group}")
+        ticket = self._queue_job(req.job_id, job.with_desired(req.group, req.count))
+        return await self._settle(req.job_id, ticket, wait=True)
+
+    @scale.validator
+    def _validate_scale(self, raw: Any) -> None:
+        req = update_arg(c.ScaleGroup, raw)
+        self._refuse_if_busy()
+        if not self.ready:
+            return  # checked again by the handler once the state is loaded
+        job = self.queue.current(req.job_id, self.st.jobs)
+        if job is None:
+            raise refuse(f"unknown job {req.job_id!r}")
+        if job.group(req.group) is None:
+            raise refuse(f"job {req.job_id!r} has no group {req.group!r}")
+
+    @workflow.update(name=c.UPDATE_STOP_JOB)
+    async def stop_job(self, raw: Any) -> c.JobResult:
+        req = update_arg(c.StopJob, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        if self.queue.current(req.job_id, self.st.jobs) is None:
+            raise refuse(f"unknown job {req.job_id!r}")
+        ticket = self._queue_job(req.job_id, None)
+        return await self._settle(req.job_id, ticket, wait=True)
+
+    @stop_job.validator
+    def _validate_stop(self, raw: Any) -> None:
+        req = update_arg(c.StopJob, raw)
+        self._refuse_if_busy()
+        if self.ready and self.queue.current(req.job_id, self.st.jobs) is None:
+            raise refuse(f"unknown job {req.job_id!r}")
+
+    @workflow.update(name=c.UPDATE_DRAIN_NODE)
+    async def drain_node(self, raw: Any) -> int:
+        req = update_arg(c.DrainNode, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        moving = sum(1 for b in self.st.bindings.values() if b.node == req.node_id)
+        self.inbox.append(c.DrainOp(node_id=req.node_id))
+        await self._next_pass()
+        return moving
+
+    @drain_node.validator
+    def _validate_drain(self, raw: Any) -> None:
+        req = update_arg(c.DrainNode, raw)
+        self._refuse_if_busy()
+        if not self.ready:
+            return
+        node = self.st.nodes.get(req.node_id)
+        if node is None:
+            raise refuse(f"unknown node {req.node_id!r}")
+        if node.state is NodeState.LOST:
+            raise refuse(f"node {req.node_id!r} is lost; nothing to drain")
+
+    @workflow.update(name=c.UPDATE_REPORT_FAILED)
+    async def report_failed(self, raw: Any) -> c.ReportFailedResult:
+        req = update_arg(c.ReportFailed, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        accepted = 0
+        for wid in req.workload_ids:
+            b = self.st.bindings.get(wid)
+            # keyed by the binding when the sender says where it failed: a report
+            # replayed after a reset cannot restart a replica that has moved since
+            if b is not None and req.on.get(wid, b.node) == b.node:
+                self.st.failed[wid] = None
+                accepted += 1
+        self.dirty = True
+        await self._next_pass()
+        return c.ReportFailedResult(accepted=accepted)
+
+    @report_failed.validator
+    def _validate_report(self, raw: Any) -> None:
+        req = update_arg(c.ReportFailed, raw)
+        self._refuse_if_busy()
+        if not self.ready:
+            return
+        unknown = [w for w in req.workload_ids if w not in self.st.bindings]
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise refuse(f"not bound: {shown}")
+
+    def _refuse_if_busy(self) -> None:
+        """Refuse new updates while this run is due to continue as new.
+
+        The loop continues as new only once it is idle, so a steady stream of updates
+        would keep one run growing past the server's limits (2,000 updates, then
+        51,200 events): the server then refuses every update. A refused update
+        leaves nothing in history and the client retries it, reaching the next run.
+        """
+        if self._continue_as_new_due():
+            raise busy()
+
+    def _queue_job(self, job_id: str, job: Job | None) -> int:
+        """Queue a job write (None deletes) for the next pass; returns its ticket."""
+        self.dirty = True
+        return self.queue.put(job_id, job)
+
+    async def _next_pass(self) -> None:
+        target = self.st.passes + 1
+        await workflow.wait_condition(lambda: self.st.passes >= target)
+
+    async def _settle(self, job_id: str, ticket: int, *, wait: bool) -> c.JobResult:
+        # Without wait, the update completes once queued: it is durable already (its
+        # acceptance is in history; a worker that replays it queues it again), so a
+        # burst of submissions is not throttled by Temporal's in-flight update limit.
+        if wait:
+            await workflow.wait_condition(lambda: self.queue.planned >= ticket)
+        job = self.st.jobs.get(job_id)
+        desired = bound = 0
+        if job is not None:
+            for g in job.groups:
+                for i in range(g.scaling.desired):
+                    desired += 1
+                    bound += workload_id(job.id, g.name, i) in self.st.bindings
+        return c.JobResult(
+            job_id=job_id,
+            revision=self.st.jobs_revision,
+            desired=desired,
+            bound=bound,
+            pending=desired - bound,
+        )
+
+    # -- queries ------------------------------------------------------------------------
+    # Best-effort views for operators (`temporal workflow query`). Forge's own tools
+    # read what the loop publishes instead: a query sent while a worker takes the
+    # run over can wedge replay (RELIABILITY.md), and these walk every binding.
+    @workflow.query(name=c.QUERY_STATUS)
+    def status(self) -> c.StatusView:
+        st = self.st
+        return views.status_view(
+            self._summary(), st.nodes.values(), st.bindings.values(), st.pending, st.deferred
+        )
+
+    @workflow.query(name=c.QUERY_ASSIGNMENTS)
+    def assignments(self, q: c.AssignmentsQuery | None = None) -> c.AssignmentsPage:
+        # the Web UI runs a query without an argument
+        return views.assignments_page(self.st.bindings, q or c.AssignmentsQuery())
+
+    @workflow.query(name=c.QUERY_EXPLAIN)
+    def explain(self, wid: str) -> c.Explanation:
+        st = self.st
+        e = st.pending.get(wid)
+        shown = views.pending_views({wid: e})[0][0] if e is not None else None
+        return views.explanation(
+            wid,
+            binding=st.bindings.get(wid),
+            pending=shown,
+            job=st.jobs.get(wid.rsplit("/", 2)[0]),
+            nodes=st.nodes.values(),
+            bindings=st.bindings.values(),
+        )
+
+    def _summary(self) -> c.Summary:
+        st = self.st
+        return views.loop_summary(
+            jobs=st.jobs,
+            nodes=len(st.nodes),
+            bound=len(st.bindings),
+            pending=len(st.pending) + st.deferred,
+            passes=st.passes,
+            generation=st.generation,
+            last_pass_at=st.last_pass_at,
+            last_pass=st.last_pass,
+        )

@@ -1,0 +1,145 @@
+"""What a pass reads from the store, through the activities, into the loop state:
+the snapshot a run starts from, job changes, task reports, and metrics for the
+autoscaler. Everything is paged: nothing that grows with the cluster crosses
+history in one payload.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+from workflows import activities as acts
+from workflows.queue import JobQueue
+from workflows.state import LoopState, binding_from_row, hash_binding
+
+with workflow.unsafe.imports_passed_through():
+    from forge.core.autoscale import AutoscaleState, GroupMetrics, decide, next_due
+    from forge.core.models import AssignmentStatus, Job, Node, workload_id
+    from forge.core.placement import Binding
+    from forge.core.reconcile import Carry
+    from forge.wire import activity_contract as ac
+
+__all__ = ["autoscale", "load_bindings", "load_jobs", "load_nodes", "load_reports"]
+
+
+async def load_nodes(st: LoopState) -> dict[str, Node]:
+    nodes: dict[str, Node] = {}
+    after = ""
+    while True:
+        page = await acts.snapshot_nodes(
+            ac.PageIn(cluster=st.cluster, after=after, limit=st.opts.snapshot_page)
+        )
+        for n in page.nodes:
+            nodes[n.id] = n
+        if page.next_after is None:
+            return nodes
+        after = page.next_after
+
+
+async def load_bindings(st: LoopState, carry: Carry | None) -> tuple[dict[str, Binding], int]:
+    """The stored bindings (absorbed into ``carry`` as they arrive, when there is
+    one) and their hash, summed page by page: no activation walks every binding."""
+    bindings: dict[str, Binding] = {}
+    state_sum = 0
+    after = ""
+    while True:
+        rows = await acts.snapshot_assignments(
+            ac.PageIn(cluster=st.cluster, after=after, limit=st.opts.snapshot_page)
+        )
+        for row in rows.rows:
+            b = binding_from_row(row)
+            if carry is not None:
+                carry.absorb(workload_id(b.job, b.group, b.ordinal), b)
+            else:
+                bindings[workload_id(b.job, b.group, b.ordinal)] = b
+            state_sum += hash_binding(b)
+        if rows.next_after is None:
+            return bindings, state_sum
+        after = rows.next_after
+
+
+async def load_jobs(st: LoopState) -> None:
+    """Job changes since ``st.jobs_revision`` (all of them from revision 0)."""
+    # A full load (from revision 0) fills a fresh map and swaps it in at the
+    # end, so the jobs never vanish from the handlers' view while pages arrive.
+    jobs = st.jobs if st.jobs_revision else {}
+    while True:
+        page = await acts.job_changes(
+            ac.JobChangesIn(cluster=st.cluster, since=st.jobs_revision, limit=st.opts.job_page)
+        )
+        for ch in page.changes:
+            if ch.job is None:
+                jobs.pop(ch.job_id, None)
+            else:
+                old = jobs.get(ch.job_id)
+                if old is not None and old != ch.job:
+                    # a changed request may fit where the old one did not:
+                    # backed-off replicas get another try now
+                    st.capacity_changed = True
+                # an unchanged job keeps its object (a full reload too): a pass
+                # re-checks only the jobs whose object changed (reconcile.Carry)
+                same = old if old is not None else st.jobs.get(ch.job_id)
+                jobs[ch.job_id] = same if same is not None and same == ch.job else ch.job
+        st.jobs_revision = max(st.jobs_revision, page.revision)
+        if not page.more:
+            break
+    st.jobs = jobs
+    st.known_revision = max(st.known_revision, st.jobs_revision)
+
+
+async def load_reports(st: LoopState) -> None:
+    """Task reports up to the newest heard of: failures to restart, replicas now
+    running."""
+    while st.known_reports_seq > st.reports_seq:
+        out = await acts.read_reports(
+            ac.ReportsIn(cluster=st.cluster, seq=st.reports_seq, limit=st.opts.report_page)
+        )
+        for wid, status in out.statuses:
+            b = st.bindings.get(wid)
+            if b is None or out.nodes.get(wid, b.node) != b.node:
+                continue  # not bound, or about a binding that has moved since
+            if status in ("failed", "exited"):
+                st.failed[wid] = None
+            elif status == "running" and b.status is AssignmentStatus.PENDING:
+                b.status = AssignmentStatus.RUNNING
+                st.status_updates = {**st.status_updates, wid: status}
+        if out.last_seq <= st.reports_seq:
+            break
+        st.reports_seq = out.last_seq
+
+
+async def autoscale(st: LoopState, queue: JobQueue, now: float) -> bool:
+    """Evaluate the autoscaled groups that are due; a changed count is queued as a
+    job write. True when one was."""
+    due: list[tuple[Job, str]] = []
+    for job in sorted(st.jobs.values(), key=lambda j: j.id):
+        for g in job.groups:
+            if g.autoscale is None:
+                continue
+            key = f"{job.id}/{g.name}"
+            state = st.autoscale.get(key, AutoscaleState())
+            if next_due(g.autoscale, state, st.autoscale_evaluated.get(key), now) <= now:
+                due.append((job, g.name))
+    if not due:
+        return False
+    out = await acts.metrics(
+        ac.MetricsIn(cluster=st.cluster, groups=[f"{j.id}/{g}" for j, g in due])
+    )
+    queued = False
+    for job, gname in due:
+        key = f"{job.id}/{gname}"
+        group = job.group(gname)
+        assert group is not None and group.autoscale is not None
+        usage = out.usage.get(key)
+        metrics = GroupMetrics(cpu=usage[0], memory=usage[1]) if usage else None
+        state = st.autoscale.get(key, AutoscaleState())
+        d = decide(group.autoscale, group.scaling, metrics, state, now)
+        st.autoscale[key] = d.state
+        st.autoscale_evaluated[key] = now
+        if d.changed:
+            workflow.logger.info("autoscale %s: %s", key, d.reason)
+            new_job = st.jobs[job.id].with_desired(gname, d.desired)
+            queue.put(job.id, new_job)
+            st.jobs[job.id] = new_job
+            queued = True
+    return queued

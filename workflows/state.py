@@ -1,0 +1,195 @@
+"""The loop's state: built from the checkpoint a run starts with, saved to the one
+it hands the next.
+
+Nodes, jobs and bindings are not in the checkpoint: every pass persists them to the
+store before a continue-as-new, and a new run reloads them in pages
+(``workflows.loading``), so the checkpoint does not grow with the cluster. What a
+pass decides from is here; what only the running loop needs (its queue, its watch,
+its wake-up flags) stays on the workflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from forge.core.autoscale import AutoscaleState, next_due
+    from forge.core.models import AssignmentStatus, Job, Node, NodeState
+    from forge.core.placement import Binding
+    from forge.core.reconcile import Carry, FailureHistory, PendingEntry, Plan
+    from forge.stores.base import STATE_MOD, binding_hash
+    from forge.wire import activity_contract as ac
+    from forge.wire import contract as c
+
+__all__ = ["LoopState", "binding_from_row", "binding_row", "hash_binding"]
+
+
+@dataclass(eq=False)
+class LoopState:
+    cluster: str
+    opts: c.ClusterOptions
+    runs: int = 1
+    generation: int = 1
+    pass_no: int = 0  # the last persisted pass of this generation (the fence)
+    passes: int = 0  # passes of this run
+    nodes: dict[str, Node] = field(default_factory=dict)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    jobs_revision: int = 0  # the store revision self.jobs reflects (0: reload all)
+    known_revision: int = 0  # the newest revision heard of (watch, own writes)
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    pending: dict[str, PendingEntry] = field(default_factory=dict)
+    deferred: int = 0  # replicas a budgeted pass left for the next, not listed
+    failures: dict[str, FailureHistory] = field(default_factory=dict)
+    autoscale: dict[str, AutoscaleState] = field(default_factory=dict)
+    autoscale_evaluated: dict[str, float] = field(default_factory=dict)
+    reports_seq: int = 0
+    known_reports_seq: int = 0
+    last_resync: float = 0.0
+    capacity_changed: bool = True
+    failed: dict[str, None] = field(default_factory=dict)  # workloads reported failed
+    status_updates: dict[str, str] = field(default_factory=dict)  # since the last persist
+    signals_dropped: int = 0
+    last_dropped: str = ""
+    state_sum: int = 0  # binding_hash summed over self.bindings
+    # the last pass's allocations and indexes (forge.core.reconcile.Carry): the next
+    # pass re-checks only what changed; None after a (re)load
+    carry: Carry | None = None
+    last_pass: str = "not yet run"
+    last_pass_at: float | None = None
+
+    @classmethod
+    def start(cls, inp: c.ClusterInput) -> LoopState:
+        cp = inp.checkpoint
+        if cp is None:
+            return cls(cluster=inp.cluster, opts=inp.options)
+        return cls(
+            cluster=inp.cluster,
+            opts=inp.options,
+            runs=cp.runs + 1,
+            generation=cp.generation + 1,
+            pending=dict(cp.pending),
+            failures=dict(cp.failures),
+            autoscale=dict(cp.autoscale),
+            autoscale_evaluated=dict(cp.autoscale_evaluated),
+            reports_seq=cp.reports_seq,
+            known_reports_seq=cp.reports_seq,
+            last_resync=cp.last_resync,
+            capacity_changed=False,
+            signals_dropped=cp.signals_dropped,
+            last_dropped=cp.last_dropped,
+        )
+
+    def checkpoint(self) -> c.Checkpoint:
+        pending = self.pending
+        backoff = [w for w, e in pending.items() if e.kind == "backoff"]
+        if len(backoff) > self.opts.carry_backoff_limit:
+            # Too many to carry: they are retried at once by the next run instead.
+            pending = {w: e for w, e in pending.items() if e.kind != "backoff"}
+        return c.Checkpoint(
+            generation=self.generation,
+            pending=pending,
+            failures=self.failures,
+            autoscale=self.autoscale,
+            autoscale_evaluated=self.autoscale_evaluated,
+            reports_seq=self.reports_seq,
+            last_resync=self.last_resync,
+            runs=self.runs,
+            signals_dropped=self.signals_dropped,
+            last_dropped=self.last_dropped,
+        )
+
+    def next_wake(self, now: float) -> tuple[float, str]:
+        """The earliest deadline (backoff expiry, autoscale tick, resync), and why."""
+        wake: float | None = None
+        why = ""
+        # A deadline that passed while the last pass persisted (a slow store) is
+        # still a deadline: it makes the loop run a pass at once, not sleep on.
+        for e in self.pending.values():
+            if e.kind != "deferred" and (wake is None or e.not_before < wake):
+                wake, why = e.not_before, f"{e.kind} expiry"
+        for job in self.jobs.values():
+            for g in job.groups:
+                if g.autoscale is None:
+                    continue
+                key = f"{job.id}/{g.name}"
+                t = next_due(
+                    g.autoscale,
+                    self.autoscale.get(key, AutoscaleState()),
+                    self.autoscale_evaluated.get(key),
+                    now,
+                )
+                if wake is None or t < wake:
+                    wake, why = t, "autoscale tick"
+        resync = self.last_resync + self.opts.resync_seconds
+        if wake is None or resync < wake:
+            return resync, "job resync"
+        return wake, why
+
+    def apply(self, op: c.NodeOp, upsert: dict[str, Node], remove: dict[str, None]) -> None:
+        """Apply a node operation, noting what the pass must persist."""
+        if isinstance(op, c.RegisterOp):
+            node = op.node
+            old = self.nodes.get(node.id)
+            if old is not None and old == node:
+                node = old  # the same object: the next pass has nothing to re-check here
+            self.nodes[node.id] = node
+            remove.pop(node.id, None)
+            upsert[node.id] = node
+            if old is None or old != node:
+                self.capacity_changed = True
+            return
+        existing = self.nodes.get(op.node_id)
+        if existing is None:
+            workflow.logger.info("ignoring %s for unknown node %s", op.op, op.node_id)
+            return
+        if isinstance(op, c.RemoveOp):
+            del self.nodes[op.node_id]
+            upsert.pop(op.node_id, None)
+            remove[op.node_id] = None
+            return
+        state = NodeState.LOST if isinstance(op, c.LostOp) else NodeState.DRAINING
+        if existing.state is state or existing.state is NodeState.LOST:
+            return
+        changed = existing.model_copy(update={"state": state})
+        self.nodes[op.node_id] = changed
+        upsert[op.node_id] = changed
+
+    def state_after(self, plan: Plan) -> int:
+        """The bindings hash after ``plan``, from its changes alone."""
+        total = self.state_sum
+        for b in plan.dropped:
+            total -= hash_binding(b)
+        for b in plan.placed:
+            total += hash_binding(b)
+        return total % STATE_MOD
+
+    def notices(self) -> list[str]:
+        if not self.signals_dropped:
+            return []
+        return [f"{self.signals_dropped} signal(s) dropped; last: {self.last_dropped}"]
+
+
+def hash_binding(b: Binding) -> int:
+    return binding_hash(b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory)
+
+
+def binding_row(b: Binding) -> ac.BindRow:
+    row = (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, str(b.status))
+    return (*row, b.gpu_milli) if b.gpu_milli else row
+
+
+def binding_from_row(row: ac.BindRow) -> Binding:
+    job, group, ordinal, node, gpu_ids, cpu, mem, status = row[:8]
+    return Binding(
+        job,
+        group,
+        ordinal,
+        node,
+        tuple(gpu_ids),
+        cpu,
+        mem,
+        AssignmentStatus(status),
+        gpu_milli=row[8] if len(row) > 8 else 0,
+    )

@@ -47,7 +47,7 @@ from forge.core.models import (
     TaskGroup,
     workload_id,
 )
-from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
+from forge.core.placement import Binding, Cluster, NodeAlloc, Placer, diagnosis_text
 from forge.core.placement.scorers import Algorithm
 
 __all__ = [
@@ -417,7 +417,7 @@ def reconcile(
                     if not req.gpu and placer.reserving:
                         held_back.append((wid, job, g, ordinal, req))
                     attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-                    why = str(placer.why_not(req, constraints))
+                    why = diagnosis_text(placer.why_not(req, constraints))
                     shared = backoff_entries.get((attempts, why))
                     if shared is None:
                         shared = backoff_entries[(attempts, why)] = PendingEntry(

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from forge.core.models import Job, Node
-from forge.core.placement import Binding, Cluster, explain_node
+from forge.core.placement import Binding, Cluster, Rejection, explain_node, rejection_text
 from forge.core.reconcile import PendingEntry
 from forge.wire import contract as c
 
@@ -144,9 +144,13 @@ def explanation(
             )
     req = group.request()
     verdicts = [
-        f"{a.id}: {explain_node(a, req, group.constraints) or 'fits now'}"
+        f"{a.id}: {_verdict(explain_node(a, req, group.constraints))}"
         for a in allocations(nodes, bindings).nodes[:VERDICTS_SHOWN]
     ]
     if not reasons:
         reasons.append("waiting for the next pass")
     return c.Explanation(workload_id=wid, state="pending", reasons=reasons, nodes=verdicts)
+
+
+def _verdict(rejection: Rejection | None) -> str:
+    return "fits now" if rejection is None else rejection_text(rejection)

@@ -22,8 +22,17 @@ from forge.core.models import (
     TaskGroup,
     Toleration,
 )
-from forge.core.placement import Binding, Cluster, Placer, combined, explain_node, scorers_for
-from forge.core.placement.filters import diagnose, format_reasons
+from forge.core.placement import (
+    Binding,
+    Cluster,
+    Placer,
+    combined,
+    diagnosis_text,
+    explain_node,
+    rejection_text,
+    scorers_for,
+)
+from forge.core.placement.filters import diagnose
 from forge.core.placement.select import _fast_scorer
 from forge.core.reconcile import ReconcileOptions, reconcile
 
@@ -140,9 +149,11 @@ def test_the_reservation_explains_itself_and_agrees_with_fits() -> None:
     cpu_only = Request(cpu=500, memory=GIB)
     assert not a.fits(cpu_only)
     why = explain_node(a, cpu_only, ())
-    assert why is not None and why.startswith("cpu reserved for free gpus")
-    fit, reasons = diagnose(c.nodes, cpu_only, ())
-    assert format_reasons(1, fit, reasons) == "0/1 nodes available: 1 cpu reserved for free gpus"
+    assert why is not None and rejection_text(why) == (
+        "cpu reserved for free gpus (16000m free, 16000m reserved < 500m asked)"
+    )
+    d = diagnose(c.nodes, cpu_only, ())
+    assert diagnosis_text(d) == "0/1 nodes available: 1 cpu reserved for free gpus"
     # one GPU taken with 4 of its 8 cores: the other GPU still reserves 8, 4 are spare
     a.allocate(Request(cpu=4_000, memory=8 * GIB, gpu=1))
     assert (a.res_cpu, a.res_mem) == (8_000, 32 * GIB)
@@ -192,7 +203,7 @@ def test_a_tainted_node_takes_only_tolerating_groups() -> None:
     assert bound["train/main/0"].node == "pool"
     a = Cluster([pool]).nodes[0]
     why = explain_node(a, Request(cpu=1, memory=1), ())
-    assert why == "untolerated taint (pool=gpu:NoSchedule)"
+    assert why is not None and rejection_text(why) == "untolerated taint (pool=gpu:NoSchedule)"
 
 
 def test_toleration_operators() -> None:
@@ -415,11 +426,13 @@ def test_explain_shows_each_devices_free_share() -> None:
     a = Cluster([gpu_node("g", gpus=2)]).nodes[0]
     a.allocate(share(700))
     a.allocate(share(900))
-    assert explain_node(a, share(500), ()) == (
+    why = explain_node(a, share(500), ())
+    assert why is not None and rejection_text(why) == (
         "insufficient gpu share (gpu0: 300 free < 500 asked, gpu1: 100 free < 500 asked)"
     )
-    fit, reasons = diagnose([a], share(500), ())
-    assert format_reasons(1, fit, reasons) == "0/1 nodes available: 1 insufficient gpu share"
+    assert why.devices == (("gpu0", 300), ("gpu1", 100)) and why.asked == 500
+    d = diagnose([a], share(500), ())
+    assert diagnosis_text(d) == "0/1 nodes available: 1 insufficient gpu share"
 
 
 def test_a_shared_binding_is_held_exactly_and_survives_a_round_trip() -> None:

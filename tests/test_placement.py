@@ -3,8 +3,6 @@ complete (a bounded candidate window never leaves a fitting replica unplaced).""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,14 +20,19 @@ from forge.core.placement import (
     Binding,
     BinPack,
     Cluster,
+    Diagnosis,
     GpuPreserve,
     NodeAlloc,
     Placer,
+    Rejection,
+    Rule,
     Spread,
     combined,
     diagnose,
+    diagnosis_text,
     explain_node,
-    format_reasons,
+    read_diagnosis,
+    rejection_text,
     scorers_for,
     utilisation_after,
 )
@@ -102,17 +105,18 @@ ZONE_A = Constraint(label="zone", op="=", values=("a",))
 def test_explain_node_gives_the_first_reason_per_dimension(
     n: Node, r: Request, constraints: tuple[Constraint, ...], reason: str | None
 ) -> None:
-    assert explain_node(alloc(n), r, constraints) == reason
+    why = explain_node(alloc(n), r, constraints)
+    assert (None if why is None else rejection_text(why)) == reason
 
 
 def test_gpu_count_filter_sees_devices_in_use() -> None:
     a = alloc(node("n", gpus=2))
     a.allocate(req(gpu=1, cpu=1, memory=1))
     assert explain_node(a, req(gpu=1), ()) is None
-    assert explain_node(a, req(gpu=2), ()) == "insufficient gpu"
+    assert explain_node(a, req(gpu=2), ()) == Rejection(Rule.GPU, asked=2, free=1)
 
 
-def test_format_reasons_counts_like_kubernetes() -> None:
+def test_a_diagnosis_counts_causes_and_reads_like_kubernetes() -> None:
     c = Cluster(
         [
             node("a", cpu=500),
@@ -122,19 +126,33 @@ def test_format_reasons_counts_like_kubernetes() -> None:
             node("e"),
         ]
     )
-    fit, reasons = diagnose(c.nodes, req(), (ZONE_A,))
-    assert fit == 0
-    assert reasons == Counter({"constraint zone = a": 4, "draining": 1})
-    fit, reasons = diagnose(c.nodes, req(), ())
-    assert (fit, reasons) == (2, Counter({"insufficient cpu": 2, "draining": 1}))
-    assert format_reasons(5, fit, reasons) == (
-        "2/5 nodes available: 2 insufficient cpu, 1 draining"
+    d = diagnose(c.nodes, req(), (ZONE_A,))
+    assert d.fit == 0
+    assert dict(d.rejected) == {
+        Rejection(Rule.CONSTRAINT, constraint=ZONE_A): 4,
+        Rejection(Rule.STATE, state="draining"): 1,
+    }
+    d = diagnose(c.nodes, req(), ())
+    # counted by cause: the per-node asked / free amounts are left out
+    assert (d.fit, dict(d.rejected)) == (
+        2,
+        {Rejection(Rule.CPU): 2, Rejection(Rule.STATE, state="draining"): 1},
     )
-    assert format_reasons(3, 3, Counter()) == "3/3 nodes available"
+    assert d.nodes(Rule.CPU) == 2
+    assert diagnosis_text(d) == "2/5 nodes available: 2 insufficient cpu, 1 draining"
+    assert diagnosis_text(Diagnosis(3, 3, ())) == "3/3 nodes available"
     # ties are ordered by name
-    assert format_reasons(2, 0, Counter({"lost": 1, "draining": 1})) == (
+    lost = Rejection(Rule.STATE, state="lost")
+    draining = Rejection(Rule.STATE, state="draining")
+    assert diagnosis_text(Diagnosis.of(2, 0, {lost: 1, draining: 1})) == (
         "0/2 nodes available: 1 draining, 1 lost"
     )
+
+
+def test_a_rejection_carries_the_dimension_asked_and_free() -> None:
+    why = explain_node(alloc(node("n", cpu=500)), req(cpu=1000, memory=10**6), ())
+    assert why == Rejection(Rule.CPU, asked=1000, free=500)
+    assert why is not None and why.cause == Rejection(Rule.CPU)
 
 
 @FAST
@@ -144,12 +162,15 @@ def test_diagnose_accounts_for_every_node(
 ) -> None:
     g, constraints = rc
     c = Cluster(nodes)
-    fit, reasons = diagnose(c.nodes, g.request(), constraints)
-    assert fit + sum(reasons.values()) == len(nodes)
-    text = format_reasons(len(nodes), fit, reasons)
-    assert text.startswith(f"{fit}/{len(nodes)} nodes available")
-    for reason, count in reasons.items():
-        assert f"{count} {reason}" in text
+    d = diagnose(c.nodes, g.request(), constraints)
+    assert d.fit + sum(n for _, n in d.rejected) == len(nodes)
+    text = diagnosis_text(d)
+    assert text.startswith(f"{d.fit}/{len(nodes)} nodes available")
+    # the reader is the writer's inverse
+    back = read_diagnosis(text)
+    assert back is not None and (back.total, back.fit) == (len(nodes), d.fit)
+    assert sum(n for _, n in back.causes) == len(nodes) - d.fit
+    assert diagnosis_text(Diagnosis.of(back.total, back.fit, {})) == text.partition(":")[0]
 
 
 # -- GPU devices -------------------------------------------------------------------
@@ -337,7 +358,7 @@ def test_placer_is_complete_with_a_small_window(
         if choice is None:
             assert not fitting, f"{r} left unplaced though {sorted(fitting)} fit"
             why = p.why_not(r, constraints)
-            assert str(why).startswith(f"0/{len(c)} nodes available")
+            assert diagnosis_text(why).startswith(f"0/{len(c)} nodes available")
             # gathered by the scan, yet every node is accounted for exactly once
             assert why.fit == 0 and sum(n for _, n in why.rejected) == len(c)
             continue

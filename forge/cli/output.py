@@ -12,7 +12,6 @@ machine interface: scripts depend on their keys, so change them only by adding.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from forge.core.models import Job, Node
+from forge.core.placement.reasons import read_diagnosis
 
 if TYPE_CHECKING:
     from forge.core.placement import Binding
@@ -51,9 +51,6 @@ __all__ = [
 #: a 1,500-node cluster must not scroll the summary off the screen.
 TOP = 20
 _MAX_CELL = 90
-
-_AVAILABLE_RE = re.compile(r"^(\d+)/(\d+) nodes available(?:: (.*))?$")
-
 
 # ----------------------------------------------------------------------- basics
 
@@ -126,15 +123,15 @@ def reason_key(reason: str) -> str:
     ``"0/1523 nodes available: 1490 insufficient gpu, 33 insufficient cpu"`` are the
     same problem for a reader, so both become ``"insufficient cpu, insufficient gpu"``
     (sorted, so the per-node counts deciding the order cannot split a group).
-    Reasons of another form (reschedule delays, deferrals) are kept whole.
+    Reasons of another form (reschedule delays, deferrals) are kept whole. The
+    text is read by the placement core's own reader, the inverse of its writer.
     """
-    m = _AVAILABLE_RE.match(reason)
-    if m is None:
+    d = read_diagnosis(reason)
+    if d is None:
         return reason
-    if not m.group(3):
-        return "no nodes registered" if m.group(2) == "0" else "no node fits"
-    parts = {re.sub(r"^\d+ ", "", part) for part in m.group(3).split(", ")}
-    return ", ".join(sorted(parts))
+    if not d.causes:
+        return "no nodes registered" if d.total == 0 else "no node fits"
+    return ", ".join(sorted({cause for cause, _ in d.causes}))
 
 
 def group_reasons(

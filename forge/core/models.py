@@ -1,6 +1,10 @@
 """The vocabulary of Forge: jobs, nodes, assignments and the plan of a pass.
 
-Every model is strict (no silent coercion of ``"500"`` into 500) and forbids
+Jobs (groups, tasks, their resources and policies) and the request a replica
+makes are defined here; nodes (:mod:`forge.core.nodes`), bindings
+(:mod:`forge.core.assignments`), the field types (:mod:`forge.core.fields`) and the
+limits (:mod:`forge.core.limits`) live beside them and are importable from here
+too. Every model is strict (no silent coercion of ``"500"`` into 500) and forbids
 unknown fields, so a typo in a job file is an error that names the field instead
 of a setting that silently does nothing. All models export JSON Schema
 (``Job.model_json_schema()``).
@@ -14,39 +18,73 @@ import re
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    Strict,
-    field_validator,
-    model_serializer,
-    model_validator,
+from pydantic import Field, Strict, field_validator, model_validator
+
+from forge.core.assignments import Assignment, AssignmentStatus, Pending, workload_id
+from forge.core.fields import (
+    Bool,
+    Cpu,
+    Evolving,
+    Float,
+    Int,
+    Memory,
+    Model,
+    Name,
+    Seconds,
+    ShortStr,
 )
+from forge.core.limits import (
+    GPU_MILLI,
+    MAX_ARGS,
+    MAX_BATCH_BYTES,
+    MAX_CPU,
+    MAX_ENV,
+    MAX_GPUS,
+    MAX_GROUPS,
+    MAX_JOB_BYTES,
+    MAX_LABELS,
+    MAX_MEMORY,
+    MAX_REPLICAS,
+    MAX_STRING,
+    MAX_TAINTS,
+    MAX_TASKS,
+    NAME_PATTERN,
+    is_valid_name,
+)
+from forge.core.nodes import GpuDevice, Node, NodeState, Taint, Toleration, tolerated
 
 __all__ = [
     "GPU_MILLI",
+    "MAX_ARGS",
     "MAX_BATCH_BYTES",
     "MAX_CPU",
+    "MAX_ENV",
     "MAX_GPUS",
     "MAX_GROUPS",
     "MAX_JOB_BYTES",
+    "MAX_LABELS",
     "MAX_MEMORY",
     "MAX_REPLICAS",
+    "MAX_STRING",
+    "MAX_TAINTS",
     "MAX_TASKS",
     "NAME_PATTERN",
     "STOP_GRACE",
     "Assignment",
     "AssignmentStatus",
     "AutoscalePolicy",
+    "Bool",
     "Constraint",
+    "Cpu",
     "DelayFunction",
+    "Float",
     "GpuDevice",
     "GpuRequest",
+    "Int",
     "Job",
+    "Memory",
     "Name",
     "Node",
     "NodeState",
@@ -55,88 +93,19 @@ __all__ = [
     "ReschedulePolicy",
     "Resources",
     "ScalingPolicy",
+    "Seconds",
+    "ShortStr",
     "Taint",
     "Task",
     "TaskGroup",
     "Toleration",
+    "is_valid_name",
     "tolerated",
     "workload_id",
 ]
 
-# Size limits. They keep one job spec, one node and one pass bounded, so nothing a
-# user sends can grow a Temporal payload past its limit (see README "Limits").
-MAX_CPU = 10_000_000  # 10,000 cores in millicores
-MAX_MEMORY = 1 << 30  # 1 PiB in MiB
-MAX_GPUS = 64
-MAX_GROUPS = 64
-MAX_TASKS = 64
-MAX_REPLICAS = 100_000
-MAX_LABELS = 64
-MAX_ENV = 256
-MAX_ARGS = 256
-MAX_STRING = 4096
-MAX_TAINTS = 32
-#: One GPU device in milli-GPU: a shared (fractional) request asks 1..999 of it.
-GPU_MILLI = 1000
-#: One job spec, as JSON. The field limits above allow specs of gigabytes (64 groups
-#: x 64 tasks x 256 args of 4 KiB), and one over Temporal's 2 MiB payload limit
-#: wedges the cluster workflow (every workflow task that carries it fails).
-MAX_JOB_BYTES = 128 * 1024
-#: Jobs or nodes carried by one update or signal, as JSON: the client splits bigger
-#: batches, the workflow's validators refuse them and queue at most this much job
-#: data for one store write.
-MAX_BATCH_BYTES = 1024 * 1024
 
-#: Names are path segments of a workload id (``job/group/ordinal``): no ``/``, no
-#: whitespace or control characters, at most 63 characters (a DNS label's length).
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-_NAME_RE = re.compile(NAME_PATTERN)
-
-Name = Annotated[str, Field(pattern=NAME_PATTERN, description="1-63 of [A-Za-z0-9._-]")]
-# Numbers and booleans are strict (``"500"`` or ``"yes"`` is an error, not a
-# coercion); containers are lax so YAML lists fill tuple fields and strings fill
-# enums.
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
-Bool = Annotated[bool, Strict()]
-Cpu = Annotated[int, Strict(), Field(ge=0, le=MAX_CPU, description="millicores")]
-Memory = Annotated[int, Strict(), Field(ge=0, le=MAX_MEMORY, description="MiB")]
-ShortStr = Annotated[str, Field(max_length=MAX_STRING)]
-Seconds = Annotated[float, Strict(), Field(ge=0, le=365 * 24 * 3600)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Evolving(_Model):
-    """A model that gained fields after workflow histories were recorded with it.
-
-    Fields named in ``_new_fields`` are left out of a dump while they hold their
-    default, so a model that does not use them dumps exactly as before: the
-    workflow hashes node dumps (the persist digest) and measures job dumps (batch
-    sizes), and a replayed history must see the same bytes.
-    """
-
-    _new_fields: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _omit_unused_new_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for name in self._new_fields:
-                if name in data and getattr(self, name) == type(self).model_fields[name].default:
-                    del data[name]
-        return data
-
-
-def _no_control(value: str, what: str) -> str:
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(f"{what} must not contain control characters")
-    return value
-
-
-class GpuRequest(_Evolving):
+class GpuRequest(Evolving):
     """GPUs one task needs: whole devices, each with at least ``memory`` MiB.
 
     ``milli`` asks a share of one device instead (``{count: 1, milli: 300}``: 30%
@@ -168,7 +137,7 @@ class GpuRequest(_Evolving):
         return self.milli if 0 < self.milli < GPU_MILLI else 0
 
 
-class Resources(_Model):
+class Resources(Model):
     cpu: Cpu = Field(gt=0)
     memory: Memory = Field(gt=0)
     gpu: GpuRequest = GpuRequest()
@@ -182,7 +151,7 @@ PortName = Annotated[
 STOP_GRACE = 10.0
 
 
-class Task(_Evolving):
+class Task(Evolving):
     """One process of a replica. ``ports`` and ``stop_grace`` came after recorded
     histories and stored jobs: left at their defaults they are not dumped, so an
     existing job's JSON (and every digest over it) stays byte-identical."""
@@ -215,7 +184,7 @@ class Task(_Evolving):
         return env
 
 
-class ScalingPolicy(_Model):
+class ScalingPolicy(Model):
     min: Int = Field(default=0, ge=0, le=MAX_REPLICAS)
     max: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
     desired: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
@@ -237,7 +206,7 @@ class DelayFunction(StrEnum):
     FIBONACCI = "fibonacci"
 
 
-class ReschedulePolicy(_Model):
+class ReschedulePolicy(Model):
     """What happens to a replica that failed (Nomad's ``reschedule`` block).
 
     At most ``attempts`` reschedules within ``interval`` seconds (``unlimited``
@@ -259,7 +228,7 @@ class ReschedulePolicy(_Model):
         return self
 
 
-class Constraint(_Model):
+class Constraint(Model):
     """A filter on node labels, e.g. ``{label: zone, op: in, values: [a, b]}``."""
 
     label: Annotated[str, Field(min_length=1, max_length=253)]
@@ -287,7 +256,7 @@ class Constraint(_Model):
         return value is None or value not in self.values
 
 
-class AutoscalePolicy(_Model):
+class AutoscalePolicy(Model):
     """How a group scales from utilisation (see ``forge.core.autoscale``).
 
     ``threshold``: the original's policy (>= ``scale_up`` adds ``step``, <=
@@ -315,47 +284,7 @@ class AutoscalePolicy(_Model):
         return self
 
 
-class Taint(_Model):
-    """A Kubernetes-style ``NoSchedule`` taint: only replicas whose group tolerates
-    it are placed on the node (a hard pool, e.g. ``{key: gpu, value: "true"}``).
-    Replicas already bound stay (``NoSchedule`` does not evict)."""
-
-    key: Annotated[str, Field(min_length=1, max_length=253)]
-    value: Annotated[str, Field(max_length=253)] = ""
-    effect: Literal["NoSchedule"] = "NoSchedule"
-
-
-class Toleration(_Model):
-    """Lets a group's replicas onto nodes with a matching taint (``Equal``: same key
-    and value; ``Exists``: any value of the key, or every taint when key is empty)."""
-
-    key: Annotated[str, Field(max_length=253)] = ""
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: Annotated[str, Field(max_length=253)] = ""
-
-    @model_validator(mode="after")
-    def _shape(self) -> Self:
-        if self.operator == "Equal" and not self.key:
-            raise ValueError("operator Equal needs a key")
-        if self.operator == "Exists" and self.value:
-            raise ValueError("operator Exists takes no value")
-        return self
-
-    def tolerates(self, taint: Taint) -> bool:
-        if self.operator == "Exists":
-            return not self.key or self.key == taint.key
-        return self.key == taint.key and self.value == taint.value
-
-
-def tolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> Taint | None:
-    """The first taint no toleration matches, None when all are tolerated."""
-    for t in taints:
-        if not any(tol.tolerates(t) for tol in tolerations):
-            return t
-    return None
-
-
-class TaskGroup(_Evolving):
+class TaskGroup(Evolving):
     _new_fields = ("tolerations",)
 
     name: Name
@@ -422,7 +351,7 @@ class TaskGroup(_Evolving):
         )
 
 
-class Job(_Model):
+class Job(Model):
     id: Name = Field(default="", validate_default=False)
     name: Name
     priority: Int = Field(default=50, ge=1, le=100)
@@ -498,7 +427,7 @@ def _json_bound(job: Job) -> int:
     return fixed + 6 * chars
 
 
-class Request(_Model):
+class Request(Model):
     """What one replica of a group needs from a node (derived, never user-written).
 
     ``gpu_milli`` 1..999 (with ``gpu`` 1) asks a share of one device; 0 asks
@@ -518,87 +447,3 @@ class Request(_Model):
     def milli(self) -> int:
         """Milli-GPU asked in all: a share, or 1000 per whole device."""
         return self.gpu_milli if self.gpu_milli else GPU_MILLI * self.gpu
-
-
-class GpuDevice(_Model):
-    id: Name
-    model: Name
-    memory: Memory
-
-
-class NodeState(StrEnum):
-    READY = "ready"
-    DRAINING = "draining"
-    LOST = "lost"
-
-
-class Node(_Evolving):
-    _new_fields = ("taints",)
-
-    id: Name
-    cpu: Cpu
-    memory: Memory
-    gpus: tuple[GpuDevice, ...] = Field(default=(), max_length=MAX_GPUS)
-    labels: dict[Annotated[str, Field(min_length=1, max_length=253)], ShortStr] = Field(
-        default_factory=dict, max_length=MAX_LABELS
-    )
-    taints: tuple[Taint, ...] = Field(default=(), max_length=MAX_TAINTS)
-    state: NodeState = NodeState.READY
-
-    @model_validator(mode="after")
-    def _unique_gpu_ids(self) -> Self:
-        ids = [g.id for g in self.gpus]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        if dupes:
-            raise ValueError(f"duplicate gpu ids: {', '.join(dupes)}")
-        for k, v in self.labels.items():
-            _no_control(k, "label name")
-            _no_control(v, "label value")
-        return self
-
-
-class AssignmentStatus(StrEnum):
-    PENDING = "pending"  # bound to a node, not yet reported running
-    RUNNING = "running"
-    FAILED = "failed"
-
-
-def workload_id(job: str, group: str, ordinal: int) -> str:
-    return f"{job}/{group}/{ordinal}"
-
-
-class Assignment(_Evolving):
-    """One replica bound to one node (and, for GPU work, to exact device ids)."""
-
-    _new_fields = ("gpu_milli",)
-
-    workload_id: str
-    job: str
-    group: str
-    ordinal: Int = Field(ge=0)
-    node: str
-    gpu_ids: tuple[str, ...] = ()
-    cpu: Int
-    memory: Int
-    status: AssignmentStatus = AssignmentStatus.PENDING
-    #: The share of its one device a shared replica holds (1..999); 0 = whole devices.
-    gpu_milli: Int = Field(default=0, ge=0, lt=GPU_MILLI)
-
-    @model_validator(mode="after")
-    def _id_matches(self) -> Self:
-        if self.workload_id != workload_id(self.job, self.group, self.ordinal):
-            raise ValueError(f"workload_id {self.workload_id!r} does not match job/group/ordinal")
-        return self
-
-
-class Pending(_Model):
-    """A desired replica that is not bound, and why."""
-
-    workload_id: str
-    reasons: tuple[str, ...]
-    attempts: Int = 0
-    not_before: Float = 0.0
-
-
-def is_valid_name(value: str) -> bool:
-    return bool(_NAME_RE.fullmatch(value))  # not match: "$" also matches before a final "\n"

@@ -25,30 +25,35 @@ while a node sits idle would break "everything that fits is placed".
 Failed replicas follow their group's reschedule policy: at most ``attempts``
 reschedules per ``interval``, each after a delay grown by the policy's delay
 function, and the next placement avoids the node it failed on when another fits.
+
+The options and results live in :mod:`forge.core.plan`, the release phase and the
+carry in :mod:`forge.core.release`; all are importable from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from collections.abc import Collection, Mapping
 
 from forge.core.models import (
-    AssignmentStatus,
     Constraint,
     DelayFunction,
     Job,
     Node,
-    NodeState,
     Request,
     ReschedulePolicy,
     TaskGroup,
     workload_id,
 )
-from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
-from forge.core.placement.scorers import Algorithm
+from forge.core.placement import Binding, Cluster, Placer, diagnosis_text
+from forge.core.plan import (
+    DEFAULT_GPU_RESERVE,
+    Algorithm,
+    FailureHistory,
+    PendingEntry,
+    Plan,
+    ReconcileOptions,
+)
+from forge.core.release import Carry, groups_of, release_all, release_changed
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
@@ -63,170 +68,6 @@ __all__ = [
     "reconcile",
     "reschedule_delay",
 ]
-
-
-#: The GPU reservation of placement version 2, per mille of each free GPU's share
-#: of its node's cpu and memory. bench/gpu_placement.py measured 0-1000: 250-1000
-#: all meet the original on every figure; 1000 strands the fewest GPUs and keeps
-#: a node added for a pending GPU job whole for it (README "Benchmarks").
-DEFAULT_GPU_RESERVE = 1000
-
-
-class ReconcileOptions(BaseModel):
-    """How a pass places. Every field that changes placement choices defaults to the
-    behaviour old workflow histories were made with: the workflow turns new
-    behaviour on under ``workflow.patched`` so replay never diverges.
-
-    ``placement_version`` 2: work that asks no GPU may use a GPU node's cpu and
-    memory only beyond its free GPUs' reservation (``gpu_reserve`` per mille of
-    each free GPU's share; :data:`DEFAULT_GPU_RESERVE` unless set), and binpack /
-    spread drop the GpuPreserve preference the reservation replaces.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    algorithm: Algorithm = "binpack"
-    candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
-    backoff_base: float = Field(default=1.0, gt=0)
-    backoff_cap: float = Field(default=300.0, gt=0)
-    max_placements: int = Field(
-        default=20_000, ge=1, description="placements per pass; the rest go next pass"
-    )
-    max_work: int = Field(
-        default=0,
-        ge=0,
-        description="node checks and scores per pass before the rest is deferred to the "
-        "next pass (0 = no limit); the workflow sets it, so one pass stays far inside "
-        "Temporal's 2 s activation limit whatever the cluster",
-    )
-    seed: int = 0
-    placement_version: int = Field(default=1, ge=1, le=2)
-    gpu_reserve: int | None = Field(
-        default=None, ge=0, le=1000, description="per mille; None: by placement_version"
-    )
-
-    @property
-    def effective_gpu_reserve(self) -> int:
-        if self.gpu_reserve is not None:
-            return self.gpu_reserve
-        return DEFAULT_GPU_RESERVE if self.placement_version >= 2 else 0
-
-
-class PendingEntry(BaseModel):
-    """Why a desired replica is unbound and when it may be tried again.
-
-    kind: ``backoff`` (no node fit), ``reschedule`` (failed; waiting the policy's
-    delay), ``exhausted`` (failed too often within the policy's interval).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["backoff", "reschedule", "exhausted", "deferred"] = "backoff"
-    attempts: int = 0
-    not_before: float = 0.0
-    reasons: tuple[str, ...] = ()
-
-
-class FailureHistory(BaseModel):
-    """Recent failures of one replica, for its group's reschedule policy."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    times: tuple[float, ...] = ()
-    last_node: str = ""
-
-
-@dataclass(slots=True)
-class Plan:
-    """The outcome of a pass. ``bindings`` is the complete new actual state."""
-
-    bindings: dict[str, Binding]
-    placed: list[Binding] = field(default_factory=list)
-    released: list[tuple[str, str]] = field(default_factory=list)  # (workload id, reason)
-    pending: dict[str, PendingEntry] = field(default_factory=dict)
-    failures: dict[str, FailureHistory] = field(default_factory=dict)
-    next_wake: float | None = None
-    deferred: int = 0
-    desired: int = 0
-    work: int = 0  # node checks and scores the pass spent (bounded by max_work)
-    dropped: list[Binding] = field(default_factory=list)  # the bindings ``released`` names
-    carry: Carry | None = None  # hand it to the next pass (see Carry)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.placed or self.released)
-
-
-@dataclass(slots=True)
-class Carry:
-    """What a pass leaves the next, so the next need not walk every binding.
-
-    The nodes' allocations and the bindings, indexed by node and by group, as the
-    pass left them, with the job and node objects it planned against. The next pass
-    compares those objects with its inputs *by identity* (the workflow replaces an
-    object when it changes, and keeps it otherwise) and re-checks only the bindings
-    of changed groups, changed nodes and failed replicas: a steady pass over 300,000
-    bindings costs what changed, not 300,000 checks. Reconcile updates a carry in
-    place, and its ``bindings`` is the plan's; the caller hands ``plan.carry`` to the
-    next pass, or None to start over (then every binding is checked, as a pass
-    without a carry always does).
-    """
-
-    jobs: dict[str, Job]
-    nodes: dict[str, Node]
-    cluster: Cluster
-    bindings: dict[str, Binding]
-    by_node: dict[str, dict[str, None]]
-    by_group: dict[tuple[str, str], dict[str, None]]
-    # bindings a load found invalid (with why): the next pass releases them
-    stale: list[tuple[str, Binding, str]] = field(default_factory=list)
-    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
-
-    @classmethod
-    def start(cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node]) -> Carry:
-        """An empty carry to :meth:`absorb` loaded bindings into, page by page, so
-        a new run never checks every binding in one activation."""
-        carry = cls(dict(jobs), dict(nodes), Cluster(list(nodes.values())), {}, {}, {})
-        carry.groups = _groups(jobs)
-        return carry
-
-    def absorb(self, wid: str, b: Binding) -> None:
-        """Hold a loaded binding, checked as a pass without a carry would (in the
-        same order: the store's), or keep it for the next pass to release."""
-        alloc = self.cluster.by_id.get(b.node)
-        reason = _reason(wid, b, self.groups.get((b.job, b.group)), alloc, set(), {})
-        if reason is None:
-            assert alloc is not None
-            if alloc.hold(b):
-                self.add(wid, b)
-                return
-            reason = "node capacity changed"
-        self.stale.append((wid, b, reason))
-
-    @classmethod
-    def build(
-        cls,
-        jobs: Mapping[str, Job],
-        nodes: Mapping[str, Node],
-        cluster: Cluster,
-        bindings: dict[str, Binding],
-    ) -> Carry:
-        by_node: dict[str, dict[str, None]] = {}
-        by_group: dict[tuple[str, str], dict[str, None]] = {}
-        for wid, b in bindings.items():
-            by_node.setdefault(b.node, {})[wid] = None
-            by_group.setdefault((b.job, b.group), {})[wid] = None
-        return cls(dict(jobs), dict(nodes), cluster, bindings, by_node, by_group)
-
-    def add(self, wid: str, b: Binding) -> None:
-        self.bindings[wid] = b
-        self.by_node.setdefault(b.node, {})[wid] = None
-        self.by_group.setdefault((b.job, b.group), {})[wid] = None
-
-    def drop(self, wid: str, b: Binding) -> None:
-        del self.bindings[wid]
-        self.by_node[b.node].pop(wid, None)
-        self.by_group[(b.job, b.group)].pop(wid, None)
 
 
 DEFAULT_OPTIONS = ReconcileOptions()
@@ -277,7 +118,7 @@ def reconcile(
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
     the carry's are the current ones). Mapping iteration orders must be
     deterministic (the workflow builds its dicts deterministically)."""
-    groups = _groups(jobs)
+    groups = groups_of(jobs)
     failed_set = set(failed)
     just_failed: set[str] = set()
     new_failures = dict(failures)
@@ -303,13 +144,11 @@ def reconcile(
         cluster = Cluster(list(nodes.values()), gpu_reserve=options.effective_gpu_reserve)
         plan = Plan(bindings={})
         checked = len(bindings)
-        bound_per_group = _release_all(
-            plan, bindings, groups, cluster, failed_set, node_ok, release
-        )
+        bound_per_group = release_all(plan, bindings, groups, cluster, failed_set, node_ok, release)
     else:
         cluster = carry.cluster
         plan = Plan(bindings=carry.bindings)
-        checked = _release_changed(carry, jobs, nodes, groups, failed_set, node_ok, release)
+        checked = release_changed(carry, jobs, nodes, groups, failed_set, node_ok, release)
         bound_per_group = {k: len(v) for k, v in carry.by_group.items() if v}
 
     capacity_freed = capacity_changed or bool(plan.released)
@@ -417,7 +256,7 @@ def reconcile(
                     if not req.gpu and placer.reserving:
                         held_back.append((wid, job, g, ordinal, req))
                     attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-                    why = str(placer.why_not(req, constraints))
+                    why = diagnosis_text(placer.why_not(req, constraints))
                     shared = backoff_entries.get((attempts, why))
                     if shared is None:
                         shared = backoff_entries[(attempts, why)] = PendingEntry(
@@ -491,166 +330,6 @@ def reconcile(
     return plan
 
 
-def _groups(jobs: Mapping[str, Job]) -> dict[tuple[str, str], tuple[Job, TaskGroup, Request]]:
-    return {(job.id, g.name): (job, g, g.request()) for job in jobs.values() for g in job.groups}
-
-
-_Release = Callable[[str, Binding, str], None]
-_Groups = Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]
-
-
-def _reason(
-    wid: str,
-    b: Binding,
-    entry: tuple[Job, TaskGroup, Request] | None,
-    alloc: NodeAlloc | None,
-    failed: set[str],
-    node_ok: dict[tuple[str, tuple[str, str]], bool],
-) -> str | None:
-    """Why a binding must go (before its capacity is counted), or None to keep it."""
-    if entry is None:
-        return "job stopped"
-    if b.ordinal >= entry[1].scaling.desired:
-        return "scaled down"
-    if alloc is None:
-        return "node removed"
-    state = alloc.node.state
-    if state is not NodeState.READY:
-        return "node lost" if state is NodeState.LOST else "node draining"
-    if b.status is AssignmentStatus.FAILED or wid in failed:
-        return "failed"
-    req = entry[2]
-    if (
-        b.cpu != req.cpu
-        or b.memory != req.memory
-        or len(b.gpu_ids) != req.gpu
-        or b.gpu_milli != req.gpu_milli
-    ):
-        return "spec changed"
-    if entry[1].constraints or req.gpu_models or req.gpu_memory:
-        key = (b.node, (b.job, b.group))
-        ok = node_ok.get(key)
-        if ok is None:
-            ok = _still_fits_rules(alloc.node, entry[1], req, b.gpu_ids)
-            if not b.gpu_ids:  # the answer depends on the devices otherwise
-                node_ok[key] = ok
-        if not ok:
-            return "constraints changed"
-    return None
-
-
-def _release_all(
-    plan: Plan,
-    bindings: Mapping[str, Binding],
-    groups: _Groups,
-    cluster: Cluster,
-    failed: set[str],
-    node_ok: dict[tuple[str, tuple[str, str]], bool],
-    release: _Release,
-) -> dict[tuple[str, str], int]:
-    """Check every binding, in order, holding the kept ones (a pass without a carry).
-
-    The hot loop of a large cluster's first pass: the common case (a healthy binding
-    on a ready node, no GPUs) touches a handful of attributes."""
-    bound_per_group: dict[tuple[str, str], int] = {}
-    by_id = cluster.by_id
-    ready = NodeState.READY
-    failed_status = AssignmentStatus.FAILED
-    for wid, b in bindings.items():
-        key = (b.job, b.group)
-        entry = groups.get(key)
-        alloc = by_id.get(b.node)
-        if (
-            entry is not None
-            and alloc is not None
-            and not b.gpu_ids
-            and b.ordinal < entry[1].scaling.desired
-            and alloc.node.state is ready
-            and b.status is not failed_status
-            and wid not in failed
-            and b.cpu == entry[2].cpu
-            and b.memory == entry[2].memory
-            and not entry[2].gpu
-            and not entry[1].constraints
-        ):
-            reason = None  # the common case, decided without a call
-        else:
-            reason = _reason(wid, b, entry, alloc, failed, node_ok)
-        if reason is None:
-            assert alloc is not None
-            if alloc.hold(b):
-                plan.bindings[wid] = b
-                bound_per_group[key] = bound_per_group.get(key, 0) + 1
-                continue
-            reason = "node capacity changed"
-        release(wid, b, reason)
-    return bound_per_group
-
-
-def _release_changed(
-    carry: Carry,
-    jobs: Mapping[str, Job],
-    nodes: Mapping[str, Node],
-    groups: _Groups,
-    failed: set[str],
-    node_ok: dict[tuple[str, tuple[str, str]], bool],
-    release: _Release,
-) -> int:
-    """Re-check only what may have changed since the carry's pass: the bindings on
-    nodes whose object changed (re-held from empty, in binding order, as a full pass
-    would), and those of changed groups and of failed replicas. Returns how many
-    bindings were checked."""
-    checked = len(carry.stale)
-    for wid, b, why in carry.stale:  # found invalid when loaded
-        release(wid, b, why)
-    carry.stale = []
-    carry.groups = {}
-    old_nodes, old_jobs = carry.nodes, carry.jobs
-    changed_nodes = sorted(
-        n for n in nodes.keys() | old_nodes.keys() if nodes.get(n) is not old_nodes.get(n)
-    )
-    changed_jobs = sorted(
-        j for j in jobs.keys() | old_jobs.keys() if jobs.get(j) is not old_jobs.get(j)
-    )
-    cluster = carry.cluster
-    if changed_nodes:
-        cluster.refresh(dict(nodes), set(changed_nodes))
-    on_changed = set(changed_nodes)
-    for node_id in changed_nodes:
-        alloc = cluster.by_id.get(node_id)
-        for wid in list(carry.by_node.get(node_id, ())):
-            b = carry.bindings[wid]
-            checked += 1
-            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok)
-            if reason is None:
-                assert alloc is not None
-                if alloc.hold(b):
-                    continue
-                reason = "node capacity changed"
-            carry.drop(wid, b)
-            release(wid, b, reason)
-    candidates: dict[str, None] = {}
-    for job_id in changed_jobs:
-        for job in (old_jobs.get(job_id), jobs.get(job_id)):
-            for g in job.groups if job is not None else ():
-                candidates.update(carry.by_group.get((job_id, g.name), {}))
-    for wid in sorted(failed):
-        candidates[wid] = None
-    for wid in candidates:
-        held = carry.bindings.get(wid)
-        if held is None or held.node in on_changed:
-            continue  # gone already, or decided with its node above
-        checked += 1
-        alloc = cluster.by_id[held.node]
-        reason = _reason(wid, held, groups.get((held.job, held.group)), alloc, failed, node_ok)
-        if reason is None:
-            continue  # still held, unchanged
-        alloc.unhold(held)
-        carry.drop(wid, held)
-        release(wid, held, reason)
-    return checked
-
-
 def _defer_groups(
     plan: Plan,
     deferred: list[tuple[str, str, int]],
@@ -684,22 +363,6 @@ def _defer_groups(
             plan.pending[wid] = wait
             kept += 1
     plan.deferred += sum(n for _, _, n in deferred) - kept
-
-
-def _still_fits_rules(node: Node, g: TaskGroup, req: Request, gpu_ids: tuple[str, ...]) -> bool:
-    """Does a binding still satisfy its group's label constraints and GPU rules
-    (they may have changed since it was placed)?"""
-    if not all(c.matches(node.labels) for c in g.constraints):
-        return False
-    if gpu_ids and (req.gpu_models or req.gpu_memory):
-        devices = {d.id: d for d in node.gpus}
-        for gid in gpu_ids:
-            d = devices.get(gid)
-            if d is None or (req.gpu_models and d.model not in req.gpu_models):
-                return False
-            if d.memory < req.gpu_memory:
-                return False
-    return True
 
 
 def _waiting(

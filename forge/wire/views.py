@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple
 
 from forge.core.models import Job, Node
-from forge.core.placement import Binding, Cluster, explain_node
+from forge.core.placement import Binding, Cluster, Rejection, explain_node, rejection_text
 from forge.core.reconcile import PendingEntry, Plan
 from forge.wire import contract as c
 
@@ -154,7 +154,7 @@ def explanation(
             )
     req = group.request()
     verdicts = [
-        f"{a.id}: {explain_node(a, req, group.constraints) or 'fits now'}"
+        f"{a.id}: {_verdict(explain_node(a, req, group.constraints))}"
         for a in allocations(nodes, bindings).nodes[:VERDICTS_SHOWN]
     ]
     if not reasons:
@@ -313,3 +313,7 @@ def pass_metrics(plan: Plan, nodes: Iterable[Node], elapsed: float) -> list[Metr
         Metric("histogram", "forge_pass_work_units", "node checks and scores of a pass", plan.work)
     )
     return out
+
+
+def _verdict(rejection: Rejection | None) -> str:
+    return "fits now" if rejection is None else rejection_text(rejection)

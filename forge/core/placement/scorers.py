@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-from forge.core.models import GPU_MILLI, Request
+from forge.core.models import Request
+from forge.core.placement.kernel import GPU_WEIGHT, utilisation_after
 from forge.core.placement.state import NodeAlloc
 
 __all__ = [
     "ALGORITHMS",
+    "GPU_WEIGHT",
     "Algorithm",
     "BinPack",
     "GpuPreserve",
@@ -28,27 +30,11 @@ __all__ = [
     "utilisation_after",
 ]
 
-GPU_WEIGHT = 2.0  # the original weighs GPU utilisation double: GPUs are the scarce part
-
 
 class Scorer(Protocol):
     name: str
 
     def score(self, node: NodeAlloc, req: Request) -> float: ...
-
-
-def utilisation_after(node: NodeAlloc, req: Request) -> float:
-    """Weighted mean utilisation (0..1) of the node if the replica were placed."""
-    n = node.node
-    total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
-    total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0
-    weights = 2.0
-    if n.gpus:
-        # in milli-GPU: the same quotient as whole devices when nothing is shared
-        cap = GPU_MILLI * len(n.gpus)
-        total += GPU_WEIGHT * (cap - node.milli_free + req.milli) / cap
-        weights += GPU_WEIGHT
-    return total / weights
 
 
 class BinPack:

@@ -42,17 +42,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from forge.core.models import GPU_MILLI, Constraint, Request, tolerated
-from forge.core.placement.filters import (
-    INSUFFICIENT_CPU,
-    INSUFFICIENT_GPU,
-    INSUFFICIENT_MEMORY,
-    STATIC_FILTERS,
-    Diagnosis,
-    diagnose,
-    explain_node,
+from forge.core.models import Constraint, Request
+from forge.core.placement.classes import EquivalenceClass as _Class
+from forge.core.placement.classes import static_key as _static_key
+from forge.core.placement.diagnosis import Diagnosis
+from forge.core.placement.eligible import COPY_PER_UNIT, Eligibility
+from forge.core.placement.filters import diagnose
+from forge.core.placement.kernel import default_score
+from forge.core.placement.scan import (
+    AVOID_PENALTY,
+    Found,
+    best_in_window,
+    drain,
+    scan_ring,
+    scan_window,
 )
-from forge.core.placement.scorers import GPU_WEIGHT, Weighted, combined, scorers_for
+from forge.core.placement.scorers import Weighted, combined, scorers_for
 from forge.core.placement.state import Cluster, NodeAlloc
 
 #: A request with its weight in the workload (how many replicas ask it).
@@ -76,21 +81,8 @@ class _Observes(Protocol):
 __all__ = ["DEFAULT_CANDIDATES", "Choice", "Placer"]
 
 DEFAULT_CANDIDATES = 8
-# Subtracted for the node a failed replica ran on. Larger than the whole score range
-# (0..100), so any other feasible node in the window wins over it.
-AVOID_PENALTY = 1000.0
 REBASE_PEERS = 16  # binpack: recently used classes a (re)starting class may learn from
 _NO_GPU = Request(cpu=0, memory=0)  # asks what room a node has for work without GPUs
-#: Work units: one per node checked or scored in Python; copying node lists (a C
-#: loop) costs about this many nodes per unit.
-COPY_PER_UNIT = 16
-#: Why a class dropped a node for capacity (the filter chain's order), by code.
-_CAPACITY_REASONS = (
-    INSUFFICIENT_GPU,
-    INSUFFICIENT_CPU,
-    INSUFFICIENT_MEMORY,
-    "cpu or memory reserved for free gpus",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,74 +90,6 @@ class Choice:
     node: NodeAlloc
     gpu_ids: tuple[str, ...]
     score: float
-
-
-class _Class:
-    """Cursor state of one equivalence class within a pass.
-
-    spread uses ``ptr`` / ``alive``; binpack uses ``window`` (the positions of the
-    first ``candidates`` feasible nodes, in order) and ``frontier`` (the first
-    position never scanned): every position before the frontier that is not in
-    the window cannot take the class's replica for the rest of the pass.
-    """
-
-    __slots__ = (
-        "alive",
-        "cands",
-        "dead",
-        "exhausted",
-        "extra",
-        "frontier",
-        "ptr",
-        "rejected",
-        "revived",
-        "why",
-        "window",
-    )
-
-    def __init__(self, cands: list[NodeAlloc], revived: int = 0) -> None:
-        self.cands = cands
-        self.revived = revived  # how much of Placer._revived this class has seen
-        # binpack: re-admitted nodes waiting for room in the window (see _readmit)
-        self.extra: list[NodeAlloc] = []
-        self.alive = bytearray(b"\x01") * len(cands)
-        self.dead = 0
-        self.ptr = 0
-        self.window: list[int] = []
-        self.frontier = 0
-        self.exhausted = False
-        self.why: Diagnosis | None = None
-        # Nodes this class dropped for capacity (node index -> reason code), noted as
-        # the scan drops them: when the class runs out, that is its diagnosis,
-        # without a second sweep over the nodes (a re-admitted node leaves it).
-        self.rejected: dict[int, int] = {}
-
-    def reject(self, node: NodeAlloc, req: Request) -> None:
-        n = node.node
-        if req.gpu and not (
-            len(n.gpus) - node.gpus_used >= req.gpu
-            if not req.gpu_milli
-            else bool(node.shared_gpus(req))
-        ):
-            code = 0
-        elif n.cpu - node.cpu_used < req.cpu:
-            code = 1
-        elif n.memory - node.mem_used < req.memory:
-            code = 2
-        elif req.gpu:
-            code = 0  # a device rule (model, memory) on the free ones
-        else:
-            code = 3
-        self.rejected[node.index] = code
-
-    def compact(self) -> None:
-        keep = [n for i, n in enumerate(self.cands) if self.alive[i]]
-        # keep the cursor on the same node (or the next alive one)
-        alive_before = sum(self.alive[: self.ptr]) if self.ptr else 0
-        self.cands = keep
-        self.alive = bytearray(b"\x01") * len(keep)
-        self.dead = 0
-        self.ptr = alive_before if alive_before < len(keep) else 0
 
 
 class Placer:
@@ -201,12 +125,10 @@ class Placer:
         # nodes where a GPU placement gave GPU-less work more room (module docstring)
         self._revived: list[NodeAlloc] = []
         self._reserving = any(n.reserve for n in cluster.nodes)
-        self._gpu_first = version >= 2
         order = list(cluster.nodes)
         random.Random(seed).shuffle(order)
         self._order = order
-        self._static: dict[tuple[object, ...], list[NodeAlloc]] = {}
-        self._static_ids: dict[tuple[object, ...], set[int]] = {}
+        self._eligibility = Eligibility(cluster, order, gpu_first=version >= 2)
         self._classes: dict[tuple[Request, tuple[Constraint, ...]], _Class] = {}
         # the reconcile pass places a group's replicas one after another with the
         # same request object: remember the last class (hashing a pydantic model
@@ -215,13 +137,7 @@ class Placer:
         # binpack classes by static key, most recently used last (see _rebase)
         self._peers: dict[tuple[object, ...], dict[int, tuple[Request, _Class]]] = {}
         self.scored = 0  # how many node scores were computed (for benchmarks)
-        # Deterministic work done so far (node checks and scores): what a caller
-        # budgets a pass by, since wall time differs between a run and its replay.
-        self.work = len(order) // COPY_PER_UNIT
-        self._static_why: dict[tuple[object, ...], dict[str, int]] = {}
-        self._tallies: tuple[dict[str, int], dict[int, int]] | None = None
-        self._most_gpus = max((len(n.node.gpus) for n in order), default=0)
-        self._tainted = any(n.node.taints for n in order)
+        self._work = len(order) // COPY_PER_UNIT
 
     # -- public -------------------------------------------------------------------
     def place(
@@ -239,9 +155,18 @@ class Placer:
             return None
         fast = self._fast
         if fast is not None and not fast.spread:
-            best_pos, best, best_score = self._best_in_window(cls, req, avoid)
+            preserve = fast.preserve
+            best_pos, best, best_score, work = best_in_window(
+                cls, req, avoid, self.candidates, preserve=preserve
+            )
+            self._work += work
+            self.scored += len(cls.window)
             while best is None and cls.extra:  # the window emptied: re-admitted nodes next
-                best_pos, best, best_score = self._best_in_window(cls, req, avoid)
+                best_pos, best, best_score, work = best_in_window(
+                    cls, req, avoid, self.candidates, preserve=preserve
+                )
+                self._work += work
+                self.scored += len(cls.window)
         else:
             best_pos, best, best_score = -1, None, -1e18
             found = self._scan(cls, req)
@@ -256,10 +181,9 @@ class Placer:
             self.scored += len(found)
         if best is None:
             cls.exhausted = True
-            counts = dict(self._static_reasons(req, constraints))
-            for code in cls.rejected.values():
-                reason = _CAPACITY_REASONS[code]
-                counts[reason] = counts.get(reason, 0) + 1
+            counts = dict(self._eligibility.reasons(req, constraints))
+            for cause, n in cls.capacity_counts().items():
+                counts[cause] = counts.get(cause, 0) + n
             cls.why = Diagnosis.of(len(self.cluster), 0, counts)
             return None
         if req.gpu and self._reserving:
@@ -293,7 +217,7 @@ class Placer:
         reservation."""
         return any(
             n.node.cpu >= req.cpu and n.node.memory >= req.memory
-            for n in self._eligible(req, constraints)
+            for n in self._eligibility.nodes(req, constraints)
         )
 
     def lift_reservation(self) -> None:
@@ -315,9 +239,14 @@ class Placer:
         if cls.why is not None:
             return cls.why
         # not asked through place(): a full sweep (explain and tests only)
-        self.work += len(self.cluster)
-        fit, reasons = diagnose(self.cluster.nodes, req, constraints)
-        return Diagnosis.of(len(self.cluster), fit, reasons)
+        self._work += len(self.cluster)
+        return diagnose(self.cluster.nodes, req, constraints)
+
+    @property
+    def work(self) -> int:
+        """Deterministic work done so far (node checks and scores): what a caller
+        budgets a pass by, since wall time differs between a run and its replay."""
+        return self._work + self._eligibility.work
 
     # -- internals ----------------------------------------------------------------
     def _class(self, req: Request, constraints: tuple[Constraint, ...]) -> _Class:
@@ -328,7 +257,7 @@ class Placer:
         cls = self._classes.get(key)
         if cls is None:
             # a new class scans every eligible node: revived ones are among them
-            cls = _Class(self._eligible(req, constraints), len(self._revived))
+            cls = _Class(self._eligibility.nodes(req, constraints), len(self._revived))
             self._classes[key] = cls
         if self.algorithm != "spread":
             self._rebase(req, constraints, cls)
@@ -369,87 +298,9 @@ class Placer:
             cls.revived = best.revived
             # the nodes left behind were dropped by the peer, for the reasons it noted
             cls.rejected = dict(best.rejected)
-            self.work += (len(cands) + len(best.rejected)) // COPY_PER_UNIT
+            self._work += (len(cands) + len(best.rejected)) // COPY_PER_UNIT
         peers.pop(id(cls), None)  # most recently used last
         peers[id(cls)] = (req, cls)
-
-    def _eligible(self, req: Request, constraints: tuple[Constraint, ...]) -> list[NodeAlloc]:
-        """Nodes that pass the rules that cannot change within a pass (state,
-        labels, GPU model and memory), shared by every class with the same rules."""
-        skey = _static_key(req, constraints)
-        nodes = self._static.get(skey)
-        if nodes is None:
-            # the same nodes in the same order as one combined filter, each rule a
-            # pass of its own so a pass without constraints or GPUs costs nothing
-            nodes = [n for n in self._order if n.schedulable]
-            self.work += len(self._order) // COPY_PER_UNIT
-            if req.gpu > self._most_gpus:
-                nodes = []  # more devices than any node has: nothing to look at
-            if not req.gpu and self._gpu_first:
-                # GPU nodes first (stable: each part keeps the seeded order). GPU
-                # work opens them anyway; work without GPUs then fills what their
-                # GPUs do not reserve before it opens a CPU node.
-                nodes = [n for n in nodes if n.node.gpus] + [n for n in nodes if not n.node.gpus]
-            if constraints and nodes:
-                self.work += len(nodes)
-                nodes = [n for n in nodes if all(c.matches(n.node.labels) for c in constraints)]
-            if self._tainted and any(n.node.taints for n in nodes):
-                tols = req.tolerations
-                nodes = [n for n in nodes if tolerated(n.node.taints, tols) is None]
-            if req.gpu and nodes:
-                self.work += len(nodes)
-                match = bool(req.gpu_models or req.gpu_memory)  # else every device matches
-                nodes = [
-                    n
-                    for n in nodes
-                    if len(n.node.gpus) >= req.gpu  # cheap first: most nodes have no GPUs
-                    and (not match or len(n.matching_gpus(req, free_only=False)) >= req.gpu)
-                ]
-            self._static[skey] = nodes
-        return list(nodes)
-
-    def _static_reasons(self, req: Request, constraints: tuple[Constraint, ...]) -> dict[str, int]:
-        """Why the nodes outside a class's static list are out, counted once per
-        pass per set of static rules (only when a class of that set runs out)."""
-        skey = _static_key(req, constraints)
-        counts = self._static_why.get(skey)
-        if counts is not None:
-            return counts
-        if not (constraints or req.gpu_models or req.gpu_memory or self._tainted):
-            # the usual case needs no sweep: node states and device counts, tallied
-            # once per pass, say it all
-            states, by_count = self._tally()
-            counts = dict(states)
-            short = sum(n for gpus, n in by_count.items() if gpus < req.gpu)
-            if short:
-                counts[INSUFFICIENT_GPU] = short
-            self._static_why[skey] = counts
-            return counts
-        eligible = {id(n) for n in self._static.get(skey, ())}
-        counts = {}
-        for n in self.cluster.nodes:
-            if id(n) not in eligible:
-                # static rules first; a node with too few devices fails the count rule
-                why = explain_node(n, req, constraints, STATIC_FILTERS) or INSUFFICIENT_GPU
-                counts[why] = counts.get(why, 0) + 1
-        self.work += len(self.cluster) + 4 * (len(self.cluster) - len(eligible))
-        self._static_why[skey] = counts
-        return counts
-
-    def _tally(self) -> tuple[dict[str, int], dict[int, int]]:
-        """Nodes out of service by state, and ready nodes by device count."""
-        if self._tallies is None:
-            states: dict[str, int] = {}
-            gpus: dict[int, int] = {}
-            for n in self.cluster.nodes:
-                if n.schedulable:
-                    gpus[len(n.node.gpus)] = gpus.get(len(n.node.gpus), 0) + 1
-                else:
-                    why = str(n.node.state.value)
-                    states[why] = states.get(why, 0) + 1
-            self._tallies = (states, gpus)
-            self.work += len(self.cluster.nodes)
-        return self._tallies
 
     def _readmit(self, cls: _Class, req: Request, constraints: tuple[Constraint, ...]) -> None:
         """Give a class of GPU-less work back the nodes where GPU placements freed
@@ -459,7 +310,7 @@ class Placer:
         holds is merely checked twice."""
         new = self._revived[cls.revived :]
         cls.revived = len(self._revived)
-        eligible = self._eligible_ids(req, constraints)
+        eligible = self._eligibility.ids(req, constraints)
         seen: set[int] = set()
         for node in new:
             if node.index in seen or node.index not in eligible or not node.fits(req):
@@ -474,34 +325,7 @@ class Placer:
             cls.cands.append(node)
             cls.alive.append(1)
         if cls.extra:
-            self._drain(cls, req)
-
-    def _drain(self, cls: _Class, req: Request) -> None:
-        """binpack: move re-admitted nodes that fit into the window while it has
-        fewer than ``candidates`` nodes: a candidate before any node the frontier
-        has not reached (a used GPU node's spare cpu before an empty node), yet the
-        window stays bounded. A node that no longer fits is dropped: capacity only
-        shrinks until it is re-admitted again."""
-        limit = self.candidates if self.candidates > 0 else len(cls.cands) + len(cls.extra)
-        extra = cls.extra
-        k = 0
-        while k < len(extra) and len(cls.window) < limit:
-            node = extra[k]
-            k += 1
-            if node.fits(req):
-                cls.window.append(len(cls.cands))
-                cls.cands.append(node)
-                cls.alive.append(1)
-            else:
-                cls.reject(node, req)
-        del extra[:k]
-
-    def _eligible_ids(self, req: Request, constraints: tuple[Constraint, ...]) -> set[int]:
-        skey = _static_key(req, constraints)
-        ids = self._static_ids.get(skey)
-        if ids is None:
-            ids = self._static_ids[skey] = {n.index for n in self._eligible(req, constraints)}
-        return ids
+            drain(cls, req, self.candidates)
 
     def _kill(self, cls: _Class, pos: int, req: Request) -> None:
         if cls.alive[pos]:
@@ -509,197 +333,18 @@ class Placer:
             cls.dead += 1
             cls.reject(cls.cands[pos], req)
 
-    def _scan(self, cls: _Class, req: Request) -> list[tuple[int, NodeAlloc]]:
+    def _scan(self, cls: _Class, req: Request) -> Found:
         if self.algorithm != "spread":
-            return self._scan_window(cls, req)
-        if cls.dead > 64 and cls.dead * 2 > len(cls.cands):
-            cls.compact()
-        cands, alive = cls.cands, cls.alive
-        n = len(cands)
-        if n == 0:
-            return []
-        limit = self.candidates if self.candidates > 0 else n
-        found: list[tuple[int, NodeAlloc]] = []
-        i = cls.ptr
-        cpu, mem, gpu = req.cpu, req.memory, req.gpu
-        binpack = self.algorithm != "spread"
-        checked = 0
-        for _ in range(n):
-            if alive[i]:
-                checked += 1
-                node = cands[i]
-                ok = (
-                    node.node.cpu - node.cpu_used >= cpu
-                    and node.node.memory - node.mem_used >= mem
-                    and (not (gpu or node.reserve) or node.fits(req))
-                )
-                if ok:
-                    found.append((i, node))
-                    if len(found) >= limit:
-                        break
-                else:
-                    alive[i] = 0
-                    cls.dead += 1
-                    cls.reject(node, req)
-                    if binpack and i == cls.ptr:
-                        cls.ptr = i + 1 if i + 1 < n else 0
-            elif binpack and i == cls.ptr:
-                cls.ptr = i + 1 if i + 1 < n else 0
-            i += 1
-            if i == n:
-                i = 0
-        self.work += checked + len(found)
+            found, work = scan_window(cls, req, self.candidates)
+        else:
+            found, work = scan_ring(cls, req, self.candidates)
+        self._work += work
         return found
-
-    def _scan_window(self, cls: _Class, req: Request) -> list[tuple[int, NodeAlloc]]:
-        """binpack: the first ``candidates`` feasible nodes in the class's order.
-
-        Re-checks the previous window and refills it from the frontier, so each
-        node is scanned once per class and a pass costs O(classes x nodes +
-        replicas x candidates), never re-skipping the nodes already found full.
-        A node that drops out of the window is full for this class for the rest
-        of the pass (placements only consume capacity), so when the frontier has
-        reached the end and the window is empty, no node can take the replica.
-        """
-        if cls.extra:
-            self._drain(cls, req)
-        cands = cls.cands
-        n = len(cands)
-        limit = self.candidates if self.candidates > 0 else n
-        cpu, mem, gpu = req.cpu, req.memory, req.gpu
-        found: list[tuple[int, NodeAlloc]] = []
-        for i in cls.window:
-            node = cands[i]
-            if (
-                node.node.cpu - node.cpu_used >= cpu
-                and node.node.memory - node.mem_used >= mem
-                and (not (gpu or node.reserve) or node.fits(req))
-            ):
-                found.append((i, node))
-            else:
-                cls.reject(node, req)
-        checked = len(cls.window)
-        extra = cls.extra
-        while len(found) < limit and extra:  # re-admitted nodes first (_readmit)
-            node = extra.pop(0)
-            if node.fits(req):
-                found.append((len(cands), node))
-                cands.append(node)
-                cls.alive.append(1)
-            else:
-                cls.reject(node, req)
-        start = i = cls.frontier
-        while len(found) < limit and i < n:
-            node = cands[i]
-            if (
-                node.node.cpu - node.cpu_used >= cpu
-                and node.node.memory - node.mem_used >= mem
-                and (not (gpu or node.reserve) or node.fits(req))
-            ):
-                found.append((i, node))
-            else:
-                cls.reject(node, req)
-            i += 1
-        self.work += checked + (i - start) + len(found)
-        cls.frontier = i
-        cls.window = [pos for pos, _ in found]
-        return found
-
-    def _best_in_window(
-        self, cls: _Class, req: Request, avoid: str | None
-    ) -> tuple[int, NodeAlloc | None, float]:
-        """binpack with the default scorers: :meth:`_scan_window` and the scoring
-        of the window in one loop, with :class:`_FastScore`'s arithmetic written
-        out (the hot path of a pass: the same choices, ~30% less time)."""
-        if cls.extra:
-            self._drain(cls, req)
-        cands = cls.cands
-        n = len(cands)
-        limit = self.candidates if self.candidates > 0 else n
-        cpu, mem, gpu = req.cpu, req.memory, req.gpu
-        shared, milli = bool(req.gpu_milli), req.milli
-        preserve = self._fast is not None and self._fast.preserve
-        # without a model or memory rule every device matches: a free count is enough
-        match = bool(req.gpu_models or req.gpu_memory)
-        extra = cls.extra
-        old = cls.window
-        k, n_old, i = 0, len(old), cls.frontier
-        window: list[int] = []
-        best_pos, best, best_score = -1, None, -1e18
-        while True:
-            if k < n_old:  # re-check the previous window
-                pos = old[k]
-                k += 1
-            elif len(window) < limit and extra:  # then re-admitted nodes (_readmit)
-                pos = len(cands)
-                cands.append(extra.pop(0))
-                cls.alive.append(1)
-            elif len(window) < limit and i < n:  # then refill it from the frontier
-                pos = i
-                i += 1
-            else:
-                break
-            node = cands[pos]
-            nn = node.node
-            if gpu:
-                if (
-                    nn.cpu - node.cpu_used < cpu
-                    or nn.memory - node.mem_used < mem
-                    or (shared and not node.fits(req))
-                    or (
-                        not shared
-                        and (len(nn.gpus) - node.gpus_used < gpu or (match and not node.fits(req)))
-                    )
-                ):
-                    cls.reject(node, req)
-                    continue
-            elif nn.cpu - node.cpu_used - node.res_cpu < cpu or (
-                nn.memory - node.mem_used - node.res_mem < mem
-            ):
-                cls.reject(node, req)
-                continue
-            window.append(pos)
-            ngpu = len(nn.gpus)
-            total = (node.cpu_used + cpu) / nn.cpu if nn.cpu else 1.0
-            total += (node.mem_used + mem) / nn.memory if nn.memory else 1.0
-            if ngpu:
-                # milli-GPU: the same quotient as devices when nothing is shared
-                cap = GPU_MILLI * ngpu
-                gutil = (cap - node.milli_free + milli) / cap
-                total = (total + GPU_WEIGHT * gutil) / (2.0 + GPU_WEIGHT)
-                keep = 100.0 if gpu else 100.0 * node.gpus_used / ngpu
-            else:
-                total = total / 2.0
-                keep = 100.0
-            util = 100.0 * (total if total < 1.0 else 1.0)
-            if preserve:
-                s = (util + keep) / 2.0
-            elif node.cpu_used or node.mem_used or node.gpus_used:
-                s = 50.0 + util / 2.0  # a node in use beats every empty one
-            else:
-                s = (100.0 - util) / 2.0  # and if one must be opened, the largest
-            if avoid is not None and nn.id == avoid:
-                s -= AVOID_PENALTY
-            if s > best_score:
-                best_pos, best, best_score = pos, node, s
-        self.work += n_old + (i - cls.frontier) + len(window)
-        cls.frontier = i
-        cls.window = window
-        self.scored += len(window)
-        return best_pos, best, best_score
-
-
-def _static_key(req: Request, constraints: tuple[Constraint, ...]) -> tuple[object, ...]:
-    """What decides a node's static eligibility. The gpu count is part of it: a node
-    with 2 matching devices is eligible for a 1-GPU request but not a 4-GPU one. The
-    share is part of it so that binpack's rebase never learns from a request whose
-    "full" means something else (a node with no whole device free may hold a share)."""
-    return (constraints, req.gpu_models, req.gpu_memory, req.gpu, req.gpu_milli, req.tolerations)
 
 
 def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
-    """An inlined equivalent of the default scorer chains (same numbers, ~5x less
-    call overhead on the hot path). Any other chain uses the generic path."""
+    """The score kernel in place of the default scorer chains (same numbers, ~5x
+    less call overhead on the hot path). Any other chain uses the generic path."""
     names = tuple((w.scorer.name, w.weight) for w in scorers)
     if names == (("binpack", 1.0), ("gpu-preserve", 1.0)):
         return _FastScore(spread=False)
@@ -713,6 +358,8 @@ def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
 
 
 class _FastScore:
+    """A default chain, as :func:`forge.core.placement.kernel.default_score`'s flags."""
+
     __slots__ = ("preserve", "spread")
 
     def __init__(self, *, spread: bool, preserve: bool = True) -> None:
@@ -720,24 +367,4 @@ class _FastScore:
         self.preserve = preserve
 
     def __call__(self, node: NodeAlloc, req: Request) -> float:
-        n = node.node
-        ngpu = len(n.gpus)
-        total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
-        total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0
-        if ngpu:
-            cap = GPU_MILLI * ngpu
-            gutil = (cap - node.milli_free + req.milli) / cap
-            total = (total + GPU_WEIGHT * gutil) / (2.0 + GPU_WEIGHT)
-            preserve = 100.0 if req.gpu else 100.0 * node.gpus_used / ngpu
-        else:
-            total = total / 2.0
-            preserve = 100.0
-        util = 100.0 * min(1.0, total)
-        base = 100.0 - util if self.spread else util
-        if self.preserve:
-            return (base + preserve) / 2.0
-        if self.spread:
-            return base
-        if node.cpu_used or node.mem_used or node.gpus_used:
-            return 50.0 + base / 2.0
-        return (100.0 - base) / 2.0
+        return default_score(node, req, self.spread, self.preserve)

@@ -14,7 +14,8 @@ node bought for GPU work cannot be filled by CPU-only replicas and its GPUs
 stranded. Each free milli-GPU reserves its share of the node (``cpu / gpus``
 per device, scaled by ``gpu_reserve`` / 1000); the reservation shrinks as GPUs
 are taken and is gone when they all are. It is part of :meth:`NodeAlloc.fits`,
-the one fit kernel the selector, the filters and the explanation all use.
+the one fit kernel (:mod:`forge.core.placement.kernel`) the selector, the
+filters and the explanation all use.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from forge.core.models import (
     Request,
     workload_id,
 )
+from forge.core.placement.kernel import fits
 
 __all__ = ["Binding", "Cluster", "NodeAlloc"]
 
@@ -153,25 +155,8 @@ class NodeAlloc:
         return free if req.gpu else free - self.res_mem
 
     def fits(self, req: Request) -> bool:
-        """The fit kernel: cpu, memory (net of the GPU reservation for work that
-        asks no GPU), then wholly free devices or one device with room for a share."""
-        if req.gpu:
-            if (
-                self.node.cpu - self.cpu_used < req.cpu
-                or self.node.memory - self.mem_used < req.memory
-            ):
-                return False
-            if req.gpu_milli:
-                if self.milli_free < req.gpu_milli:
-                    return False
-                return bool(self.shared_gpus(req))
-            if len(self.node.gpus) - self.gpus_used < req.gpu:
-                return False
-            return len(self.matching_gpus(req, free_only=True)) >= req.gpu
-        return (
-            self.node.cpu - self.cpu_used - self.res_cpu >= req.cpu
-            and self.node.memory - self.mem_used - self.res_mem >= req.memory
-        )
+        """:func:`forge.core.placement.kernel.fits`, the one fit kernel."""
+        return fits(self, req)
 
     def allocate(self, req: Request, device: int | None = None) -> tuple[str, ...]:
         """Take the request's resources; returns the exact GPU device ids taken.

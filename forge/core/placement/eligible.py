@@ -1,0 +1,123 @@
+"""Static eligibility: which nodes pass the rules that cannot change within a pass
+(node state, labels, taints, GPU count, model and memory), shared by every
+equivalence class with the same rules, and why the others are out."""
+
+from __future__ import annotations
+
+from forge.core.models import Constraint, Request, tolerated
+from forge.core.placement.classes import static_key
+from forge.core.placement.diagnosis import Rejection, Rule
+from forge.core.placement.filters import STATIC_FILTERS, explain_node
+from forge.core.placement.state import Cluster, NodeAlloc
+
+__all__ = ["COPY_PER_UNIT", "Eligibility"]
+
+#: Work units: one per node checked or scored in Python; copying node lists (a C
+#: loop) costs about this many nodes per unit.
+COPY_PER_UNIT = 16
+_TOO_FEW_GPUS = Rejection(Rule.GPU)
+
+
+class Eligibility:
+    """The statically eligible nodes per set of static rules, in the pass's seeded
+    order. ``work`` counts what building them cost (for the placer's budget)."""
+
+    def __init__(self, cluster: Cluster, order: list[NodeAlloc], *, gpu_first: bool) -> None:
+        self.cluster = cluster
+        self.order = order
+        self.gpu_first = gpu_first
+        self.work = 0
+        self._static: dict[tuple[object, ...], list[NodeAlloc]] = {}
+        self._static_ids: dict[tuple[object, ...], set[int]] = {}
+        self._static_why: dict[tuple[object, ...], dict[Rejection, int]] = {}
+        self._tallies: tuple[dict[Rejection, int], dict[int, int]] | None = None
+        self._most_gpus = max((len(n.node.gpus) for n in order), default=0)
+        self._tainted = any(n.node.taints for n in order)
+
+    def nodes(self, req: Request, constraints: tuple[Constraint, ...]) -> list[NodeAlloc]:
+        """A fresh list of the nodes that pass the static rules, in the pass's order."""
+        skey = static_key(req, constraints)
+        nodes = self._static.get(skey)
+        if nodes is None:
+            # the same nodes in the same order as one combined filter, each rule a
+            # pass of its own so a pass without constraints or GPUs costs nothing
+            nodes = [n for n in self.order if n.schedulable]
+            self.work += len(self.order) // COPY_PER_UNIT
+            if req.gpu > self._most_gpus:
+                nodes = []  # more devices than any node has: nothing to look at
+            if not req.gpu and self.gpu_first:
+                # GPU nodes first (stable: each part keeps the seeded order). GPU
+                # work opens them anyway; work without GPUs then fills what their
+                # GPUs do not reserve before it opens a CPU node.
+                nodes = [n for n in nodes if n.node.gpus] + [n for n in nodes if not n.node.gpus]
+            if constraints and nodes:
+                self.work += len(nodes)
+                nodes = [n for n in nodes if all(c.matches(n.node.labels) for c in constraints)]
+            if self._tainted and any(n.node.taints for n in nodes):
+                tols = req.tolerations
+                nodes = [n for n in nodes if tolerated(n.node.taints, tols) is None]
+            if req.gpu and nodes:
+                self.work += len(nodes)
+                match = bool(req.gpu_models or req.gpu_memory)  # else every device matches
+                nodes = [
+                    n
+                    for n in nodes
+                    if len(n.node.gpus) >= req.gpu  # cheap first: most nodes have no GPUs
+                    and (not match or len(n.matching_gpus(req, free_only=False)) >= req.gpu)
+                ]
+            self._static[skey] = nodes
+        return list(nodes)
+
+    def ids(self, req: Request, constraints: tuple[Constraint, ...]) -> set[int]:
+        skey = static_key(req, constraints)
+        ids = self._static_ids.get(skey)
+        if ids is None:
+            ids = self._static_ids[skey] = {n.index for n in self.nodes(req, constraints)}
+        return ids
+
+    def reasons(self, req: Request, constraints: tuple[Constraint, ...]) -> dict[Rejection, int]:
+        """Why the nodes outside a class's static list are out, counted once per
+        pass per set of static rules (only when a class of that set runs out)."""
+        skey = static_key(req, constraints)
+        counts = self._static_why.get(skey)
+        if counts is not None:
+            return counts
+        if not (constraints or req.gpu_models or req.gpu_memory or self._tainted):
+            # the usual case needs no sweep: node states and device counts, tallied
+            # once per pass, say it all
+            states, by_count = self._tally()
+            counts = dict(states)
+            short = sum(n for gpus, n in by_count.items() if gpus < req.gpu)
+            if short:
+                counts[_TOO_FEW_GPUS] = short
+            self._static_why[skey] = counts
+            return counts
+        eligible = {id(n) for n in self._static.get(skey, ())}
+        counts = {}
+        cluster = self.cluster
+        for n in cluster.nodes:
+            if id(n) not in eligible:
+                # static rules first; a node with too few devices fails the count rule.
+                # The verdict is counted whole (a taint's detail included), as the
+                # texts recorded histories hold were made
+                why = explain_node(n, req, constraints, STATIC_FILTERS)
+                cause = _TOO_FEW_GPUS if why is None else why
+                counts[cause] = counts.get(cause, 0) + 1
+        self.work += len(cluster) + 4 * (len(cluster) - len(eligible))
+        self._static_why[skey] = counts
+        return counts
+
+    def _tally(self) -> tuple[dict[Rejection, int], dict[int, int]]:
+        """Nodes out of service by state, and ready nodes by device count."""
+        if self._tallies is None:
+            states: dict[Rejection, int] = {}
+            gpus: dict[int, int] = {}
+            for n in self.cluster.nodes:
+                if n.schedulable:
+                    gpus[len(n.node.gpus)] = gpus.get(len(n.node.gpus), 0) + 1
+                else:
+                    why = Rejection(Rule.STATE, state=str(n.node.state.value))
+                    states[why] = states.get(why, 0) + 1
+            self._tallies = (states, gpus)
+            self.work += len(self.cluster.nodes)
+        return self._tallies

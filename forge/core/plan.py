@@ -1,0 +1,121 @@
+"""What a reconcile pass is told and what it returns: its options, the plan, and
+the pending and failure records the cluster workflow keeps between passes.
+
+``PendingEntry`` and ``FailureHistory`` are part of the workflow's state (carried
+through continue-as-new, published in the loop status): their fields and the
+reason texts in them are kept byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.core.placement import Binding
+from forge.core.placement.scorers import Algorithm
+
+if TYPE_CHECKING:
+    from forge.core.release import Carry
+
+__all__ = [
+    "DEFAULT_GPU_RESERVE",
+    "Algorithm",
+    "FailureHistory",
+    "PendingEntry",
+    "Plan",
+    "ReconcileOptions",
+]
+
+
+#: The GPU reservation of placement version 2, per mille of each free GPU's share
+#: of its node's cpu and memory. bench/gpu_placement.py measured 0-1000: 250-1000
+#: all meet the original on every figure; 1000 strands the fewest GPUs and keeps
+#: a node added for a pending GPU job whole for it (README "Benchmarks").
+DEFAULT_GPU_RESERVE = 1000
+
+
+class ReconcileOptions(BaseModel):
+    """How a pass places. Every field that changes placement choices defaults to the
+    behaviour old workflow histories were made with: the workflow turns new
+    behaviour on under ``workflow.patched`` so replay never diverges.
+
+    ``placement_version`` 2: work that asks no GPU may use a GPU node's cpu and
+    memory only beyond its free GPUs' reservation (``gpu_reserve`` per mille of
+    each free GPU's share; :data:`DEFAULT_GPU_RESERVE` unless set), and binpack /
+    spread drop the GpuPreserve preference the reservation replaces.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: Algorithm = "binpack"
+    candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
+    backoff_base: float = Field(default=1.0, gt=0)
+    backoff_cap: float = Field(default=300.0, gt=0)
+    max_placements: int = Field(
+        default=20_000, ge=1, description="placements per pass; the rest go next pass"
+    )
+    max_work: int = Field(
+        default=0,
+        ge=0,
+        description="node checks and scores per pass before the rest is deferred to the "
+        "next pass (0 = no limit); the workflow sets it, so one pass stays far inside "
+        "Temporal's 2 s activation limit whatever the cluster",
+    )
+    seed: int = 0
+    placement_version: int = Field(default=1, ge=1, le=2)
+    gpu_reserve: int | None = Field(
+        default=None, ge=0, le=1000, description="per mille; None: by placement_version"
+    )
+
+    @property
+    def effective_gpu_reserve(self) -> int:
+        if self.gpu_reserve is not None:
+            return self.gpu_reserve
+        return DEFAULT_GPU_RESERVE if self.placement_version >= 2 else 0
+
+
+class PendingEntry(BaseModel):
+    """Why a desired replica is unbound and when it may be tried again.
+
+    kind: ``backoff`` (no node fit), ``reschedule`` (failed; waiting the policy's
+    delay), ``exhausted`` (failed too often within the policy's interval).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["backoff", "reschedule", "exhausted", "deferred"] = "backoff"
+    attempts: int = 0
+    not_before: float = 0.0
+    reasons: tuple[str, ...] = ()
+
+
+class FailureHistory(BaseModel):
+    """Recent failures of one replica, for its group's reschedule policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    times: tuple[float, ...] = ()
+    last_node: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    """The outcome of a pass. ``bindings`` is the complete new actual state."""
+
+    bindings: dict[str, Binding]
+    placed: list[Binding] = field(default_factory=list)
+    released: list[tuple[str, str]] = field(default_factory=list)  # (workload id, reason)
+    pending: dict[str, PendingEntry] = field(default_factory=dict)
+    failures: dict[str, FailureHistory] = field(default_factory=dict)
+    next_wake: float | None = None
+    deferred: int = 0
+    desired: int = 0
+    work: int = 0  # node checks and scores the pass spent (bounded by max_work)
+    dropped: list[Binding] = field(default_factory=list)  # the bindings ``released`` names
+    carry: Carry | None = None  # hand it to the next pass (see Carry)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.placed or self.released)

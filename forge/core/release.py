@@ -1,0 +1,266 @@
+"""The release phase of a pass: which bindings stay, which go and why, and the
+carry that lets the next pass re-check only what changed.
+
+A binding is released when it is no longer desired (job stopped, scaled down,
+spec changed), sits on a lost, draining, removed or shrunken node, or failed;
+the kept ones are held in the pass's :class:`Cluster`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from forge.core.models import AssignmentStatus, Job, Node, NodeState, Request, TaskGroup
+from forge.core.placement import Binding, Cluster, NodeAlloc
+from forge.core.plan import Plan
+
+__all__ = ["Carry", "Groups", "Release", "groups_of", "release_all", "release_changed"]
+
+
+@dataclass(slots=True)
+class Carry:
+    """What a pass leaves the next, so the next need not walk every binding.
+
+    The nodes' allocations and the bindings, indexed by node and by group, as the
+    pass left them, with the job and node objects it planned against. The next pass
+    compares those objects with its inputs *by identity* (the workflow replaces an
+    object when it changes, and keeps it otherwise) and re-checks only the bindings
+    of changed groups, changed nodes and failed replicas: a steady pass over 300,000
+    bindings costs what changed, not 300,000 checks. Reconcile updates a carry in
+    place, and its ``bindings`` is the plan's; the caller hands ``plan.carry`` to the
+    next pass, or None to start over (then every binding is checked, as a pass
+    without a carry always does).
+    """
+
+    jobs: dict[str, Job]
+    nodes: dict[str, Node]
+    cluster: Cluster
+    bindings: dict[str, Binding]
+    by_node: dict[str, dict[str, None]]
+    by_group: dict[tuple[str, str], dict[str, None]]
+    # bindings a load found invalid (with why): the next pass releases them
+    stale: list[tuple[str, Binding, str]] = field(default_factory=list)
+    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node]) -> Carry:
+        """An empty carry to :meth:`absorb` loaded bindings into, page by page, so
+        a new run never checks every binding in one activation."""
+        carry = cls(dict(jobs), dict(nodes), Cluster(list(nodes.values())), {}, {}, {})
+        carry.groups = groups_of(jobs)
+        return carry
+
+    def absorb(self, wid: str, b: Binding) -> None:
+        """Hold a loaded binding, checked as a pass without a carry would (in the
+        same order: the store's), or keep it for the next pass to release."""
+        alloc = self.cluster.by_id.get(b.node)
+        reason = _reason(wid, b, self.groups.get((b.job, b.group)), alloc, set(), {})
+        if reason is None:
+            assert alloc is not None
+            if alloc.hold(b):
+                self.add(wid, b)
+                return
+            reason = "node capacity changed"
+        self.stale.append((wid, b, reason))
+
+    @classmethod
+    def build(
+        cls,
+        jobs: Mapping[str, Job],
+        nodes: Mapping[str, Node],
+        cluster: Cluster,
+        bindings: dict[str, Binding],
+    ) -> Carry:
+        by_node: dict[str, dict[str, None]] = {}
+        by_group: dict[tuple[str, str], dict[str, None]] = {}
+        for wid, b in bindings.items():
+            by_node.setdefault(b.node, {})[wid] = None
+            by_group.setdefault((b.job, b.group), {})[wid] = None
+        return cls(dict(jobs), dict(nodes), cluster, bindings, by_node, by_group)
+
+    def add(self, wid: str, b: Binding) -> None:
+        self.bindings[wid] = b
+        self.by_node.setdefault(b.node, {})[wid] = None
+        self.by_group.setdefault((b.job, b.group), {})[wid] = None
+
+    def drop(self, wid: str, b: Binding) -> None:
+        del self.bindings[wid]
+        self.by_node[b.node].pop(wid, None)
+        self.by_group[(b.job, b.group)].pop(wid, None)
+
+
+def groups_of(jobs: Mapping[str, Job]) -> dict[tuple[str, str], tuple[Job, TaskGroup, Request]]:
+    return {(job.id, g.name): (job, g, g.request()) for job in jobs.values() for g in job.groups}
+
+
+Release = Callable[[str, Binding, str], None]
+Groups = Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]
+
+
+def _reason(
+    wid: str,
+    b: Binding,
+    entry: tuple[Job, TaskGroup, Request] | None,
+    alloc: NodeAlloc | None,
+    failed: set[str],
+    node_ok: dict[tuple[str, tuple[str, str]], bool],
+) -> str | None:
+    """Why a binding must go (before its capacity is counted), or None to keep it."""
+    if entry is None:
+        return "job stopped"
+    if b.ordinal >= entry[1].scaling.desired:
+        return "scaled down"
+    if alloc is None:
+        return "node removed"
+    state = alloc.node.state
+    if state is not NodeState.READY:
+        return "node lost" if state is NodeState.LOST else "node draining"
+    if b.status is AssignmentStatus.FAILED or wid in failed:
+        return "failed"
+    req = entry[2]
+    if (
+        b.cpu != req.cpu
+        or b.memory != req.memory
+        or len(b.gpu_ids) != req.gpu
+        or b.gpu_milli != req.gpu_milli
+    ):
+        return "spec changed"
+    if entry[1].constraints or req.gpu_models or req.gpu_memory:
+        key = (b.node, (b.job, b.group))
+        ok = node_ok.get(key)
+        if ok is None:
+            ok = _still_fits_rules(alloc.node, entry[1], req, b.gpu_ids)
+            if not b.gpu_ids:  # the answer depends on the devices otherwise
+                node_ok[key] = ok
+        if not ok:
+            return "constraints changed"
+    return None
+
+
+def release_all(
+    plan: Plan,
+    bindings: Mapping[str, Binding],
+    groups: Groups,
+    cluster: Cluster,
+    failed: set[str],
+    node_ok: dict[tuple[str, tuple[str, str]], bool],
+    release: Release,
+) -> dict[tuple[str, str], int]:
+    """Check every binding, in order, holding the kept ones (a pass without a carry).
+
+    The hot loop of a large cluster's first pass: the common case (a healthy binding
+    on a ready node, no GPUs) touches a handful of attributes."""
+    bound_per_group: dict[tuple[str, str], int] = {}
+    by_id = cluster.by_id
+    ready = NodeState.READY
+    failed_status = AssignmentStatus.FAILED
+    for wid, b in bindings.items():
+        key = (b.job, b.group)
+        entry = groups.get(key)
+        alloc = by_id.get(b.node)
+        if (
+            entry is not None
+            and alloc is not None
+            and not b.gpu_ids
+            and b.ordinal < entry[1].scaling.desired
+            and alloc.node.state is ready
+            and b.status is not failed_status
+            and wid not in failed
+            and b.cpu == entry[2].cpu
+            and b.memory == entry[2].memory
+            and not entry[2].gpu
+            and not entry[1].constraints
+        ):
+            reason = None  # the common case, decided without a call
+        else:
+            reason = _reason(wid, b, entry, alloc, failed, node_ok)
+        if reason is None:
+            assert alloc is not None
+            if alloc.hold(b):
+                plan.bindings[wid] = b
+                bound_per_group[key] = bound_per_group.get(key, 0) + 1
+                continue
+            reason = "node capacity changed"
+        release(wid, b, reason)
+    return bound_per_group
+
+
+def release_changed(
+    carry: Carry,
+    jobs: Mapping[str, Job],
+    nodes: Mapping[str, Node],
+    groups: Groups,
+    failed: set[str],
+    node_ok: dict[tuple[str, tuple[str, str]], bool],
+    release: Release,
+) -> int:
+    """Re-check only what may have changed since the carry's pass: the bindings on
+    nodes whose object changed (re-held from empty, in binding order, as a full pass
+    would), and those of changed groups and of failed replicas. Returns how many
+    bindings were checked."""
+    checked = len(carry.stale)
+    for wid, b, why in carry.stale:  # found invalid when loaded
+        release(wid, b, why)
+    carry.stale = []
+    carry.groups = {}
+    old_nodes, old_jobs = carry.nodes, carry.jobs
+    changed_nodes = sorted(
+        n for n in nodes.keys() | old_nodes.keys() if nodes.get(n) is not old_nodes.get(n)
+    )
+    changed_jobs = sorted(
+        j for j in jobs.keys() | old_jobs.keys() if jobs.get(j) is not old_jobs.get(j)
+    )
+    cluster = carry.cluster
+    if changed_nodes:
+        cluster.refresh(dict(nodes), set(changed_nodes))
+    on_changed = set(changed_nodes)
+    for node_id in changed_nodes:
+        alloc = cluster.by_id.get(node_id)
+        for wid in list(carry.by_node.get(node_id, ())):
+            b = carry.bindings[wid]
+            checked += 1
+            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok)
+            if reason is None:
+                assert alloc is not None
+                if alloc.hold(b):
+                    continue
+                reason = "node capacity changed"
+            carry.drop(wid, b)
+            release(wid, b, reason)
+    candidates: dict[str, None] = {}
+    for job_id in changed_jobs:
+        for job in (old_jobs.get(job_id), jobs.get(job_id)):
+            for g in job.groups if job is not None else ():
+                candidates.update(carry.by_group.get((job_id, g.name), {}))
+    for wid in sorted(failed):
+        candidates[wid] = None
+    for wid in candidates:
+        held = carry.bindings.get(wid)
+        if held is None or held.node in on_changed:
+            continue  # gone already, or decided with its node above
+        checked += 1
+        alloc = cluster.by_id[held.node]
+        reason = _reason(wid, held, groups.get((held.job, held.group)), alloc, failed, node_ok)
+        if reason is None:
+            continue  # still held, unchanged
+        alloc.unhold(held)
+        carry.drop(wid, held)
+        release(wid, held, reason)
+    return checked
+
+
+def _still_fits_rules(node: Node, g: TaskGroup, req: Request, gpu_ids: tuple[str, ...]) -> bool:
+    """Does a binding still satisfy its group's label constraints and GPU rules
+    (they may have changed since it was placed)?"""
+    if not all(c.matches(node.labels) for c in g.constraints):
+        return False
+    if gpu_ids and (req.gpu_models or req.gpu_memory):
+        devices = {d.id: d for d in node.gpus}
+        for gid in gpu_ids:
+            d = devices.get(gid)
+            if d is None or (req.gpu_models and d.model not in req.gpu_models):
+                return False
+            if d.memory < req.gpu_memory:
+                return False
+    return True

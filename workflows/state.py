@@ -172,11 +172,15 @@ class LoopState:
 
 
 def hash_binding(b: Binding) -> int:
-    return binding_hash(b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory)
+    return binding_hash(
+        b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, version=b.version
+    )
 
 
 def binding_row(b: Binding) -> ac.BindRow:
     row = (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, str(b.status))
+    if b.version:  # rolling updates: the version rides at the end, after the share
+        return (*row, b.gpu_milli, b.version)
     return (*row, b.gpu_milli) if b.gpu_milli else row
 
 
@@ -192,4 +196,5 @@ def binding_from_row(row: ac.BindRow) -> Binding:
         mem,
         AssignmentStatus(status),
         gpu_milli=row[8] if len(row) > 8 else 0,
+        version=str(row[-1]) if len(row) == 10 else "",
     )

@@ -10,6 +10,8 @@ Units: cpu in millicores, memory in MiB, GPU memory in MiB, times in seconds.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -26,6 +28,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+
+from forge.core.rollout import UpdatePolicy
 
 __all__ = [
     "GPU_MILLI",
@@ -59,6 +63,7 @@ __all__ = [
     "Task",
     "TaskGroup",
     "Toleration",
+    "UpdatePolicy",
     "tolerated",
     "workload_id",
 ]
@@ -356,7 +361,7 @@ def tolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) ->
 
 
 class TaskGroup(_Evolving):
-    _new_fields = ("tolerations",)
+    _new_fields = ("tolerations", "update")
 
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
@@ -365,6 +370,15 @@ class TaskGroup(_Evolving):
     tolerations: tuple[Toleration, ...] = Field(default=(), max_length=MAX_TAINTS)
     reschedule: ReschedulePolicy = ReschedulePolicy()
     autoscale: AutoscalePolicy | None = None
+    #: How a new version replaces running replicas (forge.core.rollout); None keeps
+    #: the defaults (UpdatePolicy()) once rolling updates are on.
+    update: UpdatePolicy | None = None
+
+    @model_validator(mode="after")
+    def _update_fits(self) -> Self:
+        if self.update is not None:
+            self.update.check_against(self.scaling.desired)
+        return self
 
     @model_validator(mode="after")
     def _unique_tasks(self) -> Self:
@@ -394,7 +408,18 @@ class TaskGroup(_Evolving):
         """A copy without the cached request: an update may change the tasks."""
         copy = super().model_copy(update=update, deep=deep)
         copy.__dict__.pop("_request", None)
+        copy.__dict__.pop("version", None)
         return copy
+
+    @cached_property
+    def version(self) -> str:
+        """The version of the group's task spec: a digest of its tasks (what a
+        replica runs), so scaling or policy changes make no new version and a spec
+        submitted again is the version it was (see forge.core.versions)."""
+        body = json.dumps(
+            [t.model_dump(mode="json") for t in self.tasks], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:12]
 
     @cached_property
     def _request(self) -> Request:
@@ -570,7 +595,7 @@ def workload_id(job: str, group: str, ordinal: int) -> str:
 class Assignment(_Evolving):
     """One replica bound to one node (and, for GPU work, to exact device ids)."""
 
-    _new_fields = ("gpu_milli",)
+    _new_fields = ("gpu_milli", "version")
 
     workload_id: str
     job: str
@@ -583,6 +608,9 @@ class Assignment(_Evolving):
     status: AssignmentStatus = AssignmentStatus.PENDING
     #: The share of its one device a shared replica holds (1..999); 0 = whole devices.
     gpu_milli: Int = Field(default=0, ge=0, lt=GPU_MILLI)
+    #: The group version (TaskGroup.version) the replica runs; "" = bound before
+    #: versions existed.
+    version: Annotated[str, Field(max_length=64)] = ""
 
     @model_validator(mode="after")
     def _id_matches(self) -> Self:

@@ -49,6 +49,7 @@ from forge.core.models import (
 )
 from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
 from forge.core.placement.scorers import Algorithm
+from forge.core.rolling import GroupRollout, RolloutPlan, plan_rollouts
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
@@ -104,6 +105,11 @@ class ReconcileOptions(BaseModel):
     gpu_reserve: int | None = Field(
         default=None, ge=0, le=1000, description="per mille; None: by placement_version"
     )
+    rollouts: bool = Field(
+        default=False,
+        description="rolling updates (forge.core.rolling): a changed task spec replaces "
+        "replicas in waves instead of releasing them all; placements record their version",
+    )
 
     @property
     def effective_gpu_reserve(self) -> int:
@@ -151,6 +157,7 @@ class Plan:
     work: int = 0  # node checks and scores the pass spent (bounded by max_work)
     dropped: list[Binding] = field(default_factory=list)  # the bindings ``released`` names
     carry: Carry | None = None  # hand it to the next pass (see Carry)
+    rollouts: RolloutPlan | None = None  # with options.rollouts: what rolling decided
 
     @property
     def changed(self) -> bool:
@@ -181,20 +188,25 @@ class Carry:
     # bindings a load found invalid (with why): the next pass releases them
     stale: list[tuple[str, Binding, str]] = field(default_factory=list)
     groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
+    rolling: bool = False  # loaded bindings of a changed spec are kept for the rollout
 
     @classmethod
-    def start(cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node]) -> Carry:
+    def start(
+        cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node], *, rolling: bool = False
+    ) -> Carry:
         """An empty carry to :meth:`absorb` loaded bindings into, page by page, so
         a new run never checks every binding in one activation."""
         carry = cls(dict(jobs), dict(nodes), Cluster(list(nodes.values())), {}, {}, {})
         carry.groups = _groups(jobs)
+        carry.rolling = rolling
         return carry
 
     def absorb(self, wid: str, b: Binding) -> None:
         """Hold a loaded binding, checked as a pass without a carry would (in the
         same order: the store's), or keep it for the next pass to release."""
         alloc = self.cluster.by_id.get(b.node)
-        reason = _reason(wid, b, self.groups.get((b.job, b.group)), alloc, set(), {})
+        entry = self.groups.get((b.job, b.group))
+        reason = _reason(wid, b, entry, alloc, set(), {}, self.rolling)
         if reason is None:
             assert alloc is not None
             if alloc.hold(b):
@@ -272,6 +284,9 @@ def reconcile(
     now: float,
     options: ReconcileOptions = DEFAULT_OPTIONS,
     carry: Carry | None = None,
+    rollouts: Mapping[str, GroupRollout] = {},
+    since: Mapping[str, float] = {},
+    promoted: Mapping[str, None] = {},
 ) -> Plan:
     """Plan one pass. Inputs are not mutated (except ``carry``, which the pass
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
@@ -304,13 +319,38 @@ def reconcile(
         plan = Plan(bindings={})
         checked = len(bindings)
         bound_per_group = _release_all(
-            plan, bindings, groups, cluster, failed_set, node_ok, release
+            plan, bindings, groups, cluster, failed_set, node_ok, release, options.rollouts
         )
     else:
         cluster = carry.cluster
         plan = Plan(bindings=carry.bindings)
-        checked = _release_changed(carry, jobs, nodes, groups, failed_set, node_ok, release)
+        checked = _release_changed(
+            carry, jobs, nodes, groups, failed_set, node_ok, release, options.rollouts
+        )
         bound_per_group = {k: len(v) for k, v in carry.by_group.items() if v}
+
+    # 1b. rolling updates: old versions replaced in waves (forge.core.rolling) -------
+    if options.rollouts:
+        pairs = zip(plan.released, plan.dropped, strict=True)
+        failed_now = {w: b for (w, why), b in pairs if why == "failed"}
+        plan.rollouts = plan_rollouts(
+            groups=groups,
+            bindings=plan.bindings,
+            rollouts=rollouts,
+            since=since,
+            failed=failed_now,
+            promoted=promoted,
+            now=now,
+        )
+        for wid in plan.rollouts.stop:
+            b = plan.bindings[wid]
+            cluster.by_id[b.node].unhold(b)
+            if carry is not None:
+                carry.drop(wid, b)
+            else:
+                del plan.bindings[wid]
+            bound_per_group[(b.job, b.group)] -= 1
+            release(wid, b, "rollout")
 
     capacity_freed = capacity_changed or bool(plan.released)
     workload: list[tuple[Request, float]] = []
@@ -439,6 +479,7 @@ def reconcile(
                     req.cpu,
                     req.memory,
                     gpu_milli=req.gpu_milli,
+                    version=g.version if options.rollouts else "",
                 )
                 plan.bindings[wid] = b
                 plan.placed.append(b)
@@ -455,7 +496,16 @@ def reconcile(
         choice = placer.place(req, g.constraints, avoid=hist.last_node if hist else None)
         if choice is None:
             continue
-        b = Binding(job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory)
+        b = Binding(
+            job.id,
+            g.name,
+            ordinal,
+            choice.node.id,
+            choice.gpu_ids,
+            req.cpu,
+            req.memory,
+            version=g.version if options.rollouts else "",
+        )
         plan.bindings[wid] = b
         plan.placed.append(b)
         del plan.pending[wid]
@@ -477,6 +527,8 @@ def reconcile(
     for p in plan.pending.values():
         if p.kind != "deferred" and p.not_before > now:
             wake = p.not_before if wake is None else min(wake, p.not_before)
+    if plan.rollouts is not None and plan.rollouts.wake is not None:
+        wake = plan.rollouts.wake if wake is None else min(wake, plan.rollouts.wake)
     plan.next_wake = wake
     plan.released.sort()
     plan.work = placer.work + visited + release_work
@@ -506,8 +558,10 @@ def _reason(
     alloc: NodeAlloc | None,
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
+    rolling: bool = False,
 ) -> str | None:
-    """Why a binding must go (before its capacity is counted), or None to keep it."""
+    """Why a binding must go (before its capacity is counted), or None to keep it.
+    ``rolling``: a changed spec is the rollout's business (forge.core.rolling)."""
     if entry is None:
         return "job stopped"
     if b.ordinal >= entry[1].scaling.desired:
@@ -520,7 +574,7 @@ def _reason(
     if b.status is AssignmentStatus.FAILED or wid in failed:
         return "failed"
     req = entry[2]
-    if (
+    if not rolling and (
         b.cpu != req.cpu
         or b.memory != req.memory
         or len(b.gpu_ids) != req.gpu
@@ -547,6 +601,7 @@ def _release_all(
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: _Release,
+    rolling: bool = False,
 ) -> dict[tuple[str, str], int]:
     """Check every binding, in order, holding the kept ones (a pass without a carry).
 
@@ -575,7 +630,7 @@ def _release_all(
         ):
             reason = None  # the common case, decided without a call
         else:
-            reason = _reason(wid, b, entry, alloc, failed, node_ok)
+            reason = _reason(wid, b, entry, alloc, failed, node_ok, rolling)
         if reason is None:
             assert alloc is not None
             if alloc.hold(b):
@@ -595,6 +650,7 @@ def _release_changed(
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: _Release,
+    rolling: bool = False,
 ) -> int:
     """Re-check only what may have changed since the carry's pass: the bindings on
     nodes whose object changed (re-held from empty, in binding order, as a full pass
@@ -621,7 +677,7 @@ def _release_changed(
         for wid in list(carry.by_node.get(node_id, ())):
             b = carry.bindings[wid]
             checked += 1
-            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok)
+            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok, rolling)
             if reason is None:
                 assert alloc is not None
                 if alloc.hold(b):
@@ -642,7 +698,8 @@ def _release_changed(
             continue  # gone already, or decided with its node above
         checked += 1
         alloc = cluster.by_id[held.node]
-        reason = _reason(wid, held, groups.get((held.job, held.group)), alloc, failed, node_ok)
+        entry = groups.get((held.job, held.group))
+        reason = _reason(wid, held, entry, alloc, failed, node_ok, rolling)
         if reason is None:
             continue  # still held, unchanged
         alloc.unhold(held)

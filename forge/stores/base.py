@@ -196,12 +196,8 @@ def binding_hash(
     gpu_ids: Sequence[str],
     cpu: int,
     memory: int,
-    *,
-    version: str = "",
 ) -> int:
     text = f"{job}/{group}/{ordinal}|{node}|{','.join(gpu_ids)}|{cpu}|{memory}"
-    if version:  # only with rolling updates: older bindings hash as they always did
-        text += f"|{version}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
@@ -209,9 +205,7 @@ def state_digest(assignments: Iterable[Assignment]) -> str:
     """The bindings hash of what a store holds (see ``STATE_MOD``), as hex."""
     total = 0
     for a in assignments:
-        total += binding_hash(
-            a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, version=a.version
-        )
+        total += binding_hash(a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory)
     return f"{total % STATE_MOD:016x}"
 
 

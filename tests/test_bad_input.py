@@ -384,6 +384,28 @@ def test_job_validate_refuses_each_bad_spec_naming_the_field(
     assert_names(err, file, bad)
 
 
+@pytest.mark.parametrize(
+    ("update", "names"),
+    [
+        ({"max_parallel": 0}, "groups.0.update.max_parallel"),
+        ({"canary": 4}, "update.canary (4) exceeds scaling.desired (3)"),
+        ({"min_healthy_time": 60.0, "healthy_deadline": 30.0}, "update.min_healthy_time (60s)"),
+        ({"stagger": -1.0}, "groups.0.update.stagger"),
+        ({"max_paralel": 2}, "groups.0.update.max_paralel"),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_an_update_policy_that_cannot_work_is_refused_naming_the_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, update: dict[str, Any], names: str, fmt: str
+) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["groups"][0]["update"] = update
+    file = write(tmp_path / "spec", doc, fmt)
+    code, out, err = forge(capsys, "job", "validate", str(file))
+    assert (code, out) == (2, ""), err
+    assert names in err
+
+
 @settings(_cli_settings, max_examples=12)
 @given(bad=oversized_fields())
 def test_job_validate_refuses_oversized_fields_naming_the_limit(

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = [
     "PATCH_DROPPED_SIGNALS",
     "PATCH_PUBLISH",
+    "PATCH_ROLLOUTS",
     "PATCH_WORK_BUDGET",
     "ClusterWorkflow",
     "DivergenceError",
@@ -65,6 +66,9 @@ NODE_BYTES = 512 * 1024
 #: Each pass that changes something publishes a status to the store (with its delta)
 #: and a summary memo, for readers that must not query.
 PATCH_PUBLISH = "publish-status-1"
+#: Rolling updates (forge.core.rolling): a changed task spec replaces replicas in
+#: waves; placements record their group version.
+PATCH_ROLLOUTS = "rollouts-1"
 
 
 class DivergenceError(RuntimeError):
@@ -136,7 +140,7 @@ class ClusterWorkflow(Handlers):
             st.jobs = {}
             st.jobs_revision = 0
             await loading.load_jobs(st)
-            carry = Carry.start(st.jobs, nodes)
+            carry = Carry.start(st.jobs, nodes, rolling=workflow.patched(PATCH_ROLLOUTS))
         bindings, state_sum = await loading.load_bindings(st, carry)
         st.nodes = nodes
         st.state_sum = state_sum % STATE_MOD
@@ -205,6 +209,9 @@ class ClusterWorkflow(Handlers):
             # and re-checks only what changed (the carry), so no activation runs
             # near the SDK's 2 s deadlock limit, however big the cluster
             options = options.model_copy(update={"max_work": DEFAULT_MAX_WORK})
+        rolling = workflow.patched(PATCH_ROLLOUTS)
+        if rolling:
+            options = options.model_copy(update={"rollouts": True})
         with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
             started = time.perf_counter()
         plan = reconcile(
@@ -218,6 +225,9 @@ class ClusterWorkflow(Handlers):
             now=now,
             options=options,
             carry=st.carry if bounded else None,
+            rollouts=st.rollouts,
+            since=st.since,
+            promoted=st.promoted,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started
@@ -226,9 +236,12 @@ class ClusterWorkflow(Handlers):
         released = {w for w, _ in plan.released}
         placed = {b.workload_id for b in plan.placed}
         binds = list(plan.placed)
+        again = list(status_changed)
+        if plan.rollouts is not None:  # pre-versions bindings given their version
+            again.extend(w for w in plan.rollouts.stamped if w not in st.status_updates)
         binds.extend(
             plan.bindings[w]
-            for w in status_changed
+            for w in again
             if w in plan.bindings and w not in released and w not in placed
         )
         persist = ac.PersistIn(
@@ -267,6 +280,7 @@ class ClusterWorkflow(Handlers):
         st.pending = plan.pending
         st.deferred = plan.deferred
         st.failures = plan.failures
+        st.commit_rollouts(plan, status_changed, now)
         st.failed = {}
         st.status_updates = {}
         st.capacity_changed = False
@@ -389,6 +403,13 @@ class ClusterWorkflow(Handlers):
             last_pass=st.last_pass,
             notices=st.notices(),
         )
+        if st.rollouts:  # rolling updates: each group's target version and why it waits
+            text += "\n\nRollouts:\n" + "\n".join(
+                f"- {name}: to version {r.rollout.version} (from {r.rollout.previous})"
+                + (f", failed: {r.failed}" if r.failed else "")
+                + (", promoted" if r.rollout.promoted else "")
+                for name, r in sorted(st.rollouts.items())
+            )
         workflow.set_current_details(text)
         self._search_attributes()
 

@@ -19,7 +19,8 @@ with workflow.unsafe.imports_passed_through():
     from forge.core.models import AssignmentStatus, Job, Node, NodeState
     from forge.core.placement import Binding
     from forge.core.reconcile import Carry, FailureHistory, PendingEntry, Plan
-    from forge.stores.base import STATE_MOD, binding_hash
+    from forge.core.rolling import GroupRollout
+    from forge.stores.base import STATE_MOD, binding_hash, group_of
     from forge.wire import activity_contract as ac
     from forge.wire import contract as c
 
@@ -58,6 +59,13 @@ class LoopState:
     carry: Carry | None = None
     last_pass: str = "not yet run"
     last_pass_at: float | None = None
+    # rolling updates (under the rollouts patch): each group's rollout ("job/group"),
+    # when its replicas' health began, groups promoted since the last pass, and when
+    # a rollout's answer changes by itself (a health clock, a deadline, the stagger)
+    rollouts: dict[str, GroupRollout] = field(default_factory=dict)
+    since: dict[str, float] = field(default_factory=dict)
+    promoted: dict[str, None] = field(default_factory=dict)
+    rollout_wake: float | None = None
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -79,6 +87,10 @@ class LoopState:
             capacity_changed=False,
             signals_dropped=cp.signals_dropped,
             last_dropped=cp.last_dropped,
+            rollouts=dict(cp.rollouts),
+            since=dict(cp.since),
+            # a rollout's clocks are reconsidered by the first pass of the new run
+            rollout_wake=0.0 if cp.rollouts else None,
         )
 
     def checkpoint(self) -> c.Checkpoint:
@@ -98,6 +110,8 @@ class LoopState:
             runs=self.runs,
             signals_dropped=self.signals_dropped,
             last_dropped=self.last_dropped,
+            rollouts=self.rollouts,
+            since=self.since,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:
@@ -122,6 +136,8 @@ class LoopState:
                 )
                 if wake is None or t < wake:
                     wake, why = t, "autoscale tick"
+        if self.rollout_wake is not None and (wake is None or self.rollout_wake < wake):
+            wake, why = self.rollout_wake, "rollout"
         resync = self.last_resync + self.opts.resync_seconds
         if wake is None or resync < wake:
             return resync, "job resync"
@@ -156,6 +172,24 @@ class LoopState:
         self.nodes[op.node_id] = changed
         upsert[op.node_id] = changed
 
+    def commit_rollouts(self, plan: Plan, running: list[str], now: float) -> None:
+        """Keep what the pass decided about rollouts; ``since`` only for the replicas
+        of groups still rolling (it must not grow with the cluster)."""
+        rp = plan.rollouts
+        if rp is None:
+            return
+        self.rollouts = rp.rollouts
+        self.rollout_wake = rp.wake
+        self.promoted = {}
+        since = dict(self.since)
+        for w, _ in plan.released:
+            since.pop(w, None)
+        for b in plan.placed:
+            since[b.workload_id] = now
+        for w in running:
+            since[w] = now
+        self.since = {w: t for w, t in since.items() if group_of(w) in self.rollouts}
+
     def state_after(self, plan: Plan) -> int:
         """The bindings hash after ``plan``, from its changes alone."""
         total = self.state_sum
@@ -177,6 +211,8 @@ def hash_binding(b: Binding) -> int:
 
 def binding_row(b: Binding) -> ac.BindRow:
     row = (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, str(b.status))
+    if b.version:  # rolling updates: the version rides at the end, after the share
+        return (*row, b.gpu_milli, b.version)
     return (*row, b.gpu_milli) if b.gpu_milli else row
 
 
@@ -192,4 +228,5 @@ def binding_from_row(row: ac.BindRow) -> Binding:
         mem,
         AssignmentStatus(status),
         gpu_milli=row[8] if len(row) > 8 else 0,
+        version=str(row[-1]) if len(row) == 10 else "",
     )

@@ -195,4 +195,51 @@ def list_(store: str | None, cluster: str | None, as_json: bool) -> int:
     return 0
 
 
+@job.command(
+    short_help="list a job's group versions and what each changed (reads the store)",
+    help=(
+        "List every accepted version of each group's task spec, numbered per group, "
+        "with the version digest the replicas record and what changed, read from the "
+        "store the worker persists to."
+    ),
+)
+@click.argument("job_id", type=NAME)
+@store_option
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="print a JSON list")
+def history(job_id: str, store: str | None, cluster: str | None, as_json: bool) -> int:
+    s = settings(store=store, cluster=cluster)
+    url = s.store_url
+    opened = open_existing_store(url)
+    try:
+        versions = store_call(lambda: opened.group_versions(s.cluster, job_id), url)
+        current = store_call(lambda: opened.get_job(s.cluster, job_id), url)
+    finally:
+        opened.close()
+    live = {g.name: g.version for g in current.groups} if current is not None else {}
+    if as_json:
+        print_json(
+            [
+                {
+                    "group": v.group,
+                    "number": v.number,
+                    "version": v.version,
+                    "revision": v.revision,
+                    "changed": v.changed,
+                    "current": live.get(v.group) == v.version,
+                }
+                for v in versions
+            ]
+        )
+    elif not versions:
+        print(f"no versions of job {job_id} in cluster {s.cluster}")
+    else:
+        for v in versions:
+            mark = "*" if live.get(v.group) == v.version else " "
+            print(
+                f"{mark} {v.group:<16} v{v.number:<4} {v.version}  rev {v.revision:<6} {v.changed}"
+            )
+    return 0
+
+
 COMMANDS = [job]

@@ -4,7 +4,7 @@ exact GPU devices), and a replica still waiting, with why."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Self
+from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
@@ -27,7 +27,7 @@ def workload_id(job: str, group: str, ordinal: int) -> str:
 class Assignment(Evolving):
     """One replica bound to one node (and, for GPU work, to exact device ids)."""
 
-    _new_fields = ("gpu_milli",)
+    _new_fields = ("gpu_milli", "version")
 
     workload_id: str
     job: str
@@ -40,6 +40,9 @@ class Assignment(Evolving):
     status: AssignmentStatus = AssignmentStatus.PENDING
     #: The share of its one device a shared replica holds (1..999); 0 = whole devices.
     gpu_milli: Int = Field(default=0, ge=0, lt=GPU_MILLI)
+    #: The group version (TaskGroup.version) the replica runs; "" = bound before
+    #: versions existed.
+    version: Annotated[str, Field(max_length=64)] = ""
 
     @model_validator(mode="after")
     def _id_matches(self) -> Self:

@@ -14,6 +14,8 @@ Units: cpu in millicores, memory in MiB, GPU memory in MiB, times in seconds.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -54,6 +56,7 @@ from forge.core.limits import (
     is_valid_name,
 )
 from forge.core.nodes import GpuDevice, Node, NodeState, Taint, Toleration, tolerated
+from forge.core.rollout import UpdatePolicy
 
 __all__ = [
     "GPU_MILLI",
@@ -99,6 +102,7 @@ __all__ = [
     "Task",
     "TaskGroup",
     "Toleration",
+    "UpdatePolicy",
     "is_valid_name",
     "tolerated",
     "workload_id",
@@ -285,7 +289,7 @@ class AutoscalePolicy(Model):
 
 
 class TaskGroup(Evolving):
-    _new_fields = ("tolerations",)
+    _new_fields = ("tolerations", "update")
 
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
@@ -294,6 +298,15 @@ class TaskGroup(Evolving):
     tolerations: tuple[Toleration, ...] = Field(default=(), max_length=MAX_TAINTS)
     reschedule: ReschedulePolicy = ReschedulePolicy()
     autoscale: AutoscalePolicy | None = None
+    #: How a new version replaces running replicas (forge.core.rollout); None keeps
+    #: the defaults (UpdatePolicy()) once rolling updates are on.
+    update: UpdatePolicy | None = None
+
+    @model_validator(mode="after")
+    def _update_fits(self) -> Self:
+        if self.update is not None:
+            self.update.check_against(self.scaling.desired)
+        return self
 
     @model_validator(mode="after")
     def _unique_tasks(self) -> Self:
@@ -323,7 +336,18 @@ class TaskGroup(Evolving):
         """A copy without the cached request: an update may change the tasks."""
         copy = super().model_copy(update=update, deep=deep)
         copy.__dict__.pop("_request", None)
+        copy.__dict__.pop("version", None)
         return copy
+
+    @cached_property
+    def version(self) -> str:
+        """The version of the group's task spec: a digest of its tasks (what a
+        replica runs), so scaling or policy changes make no new version and a spec
+        submitted again is the version it was (see forge.core.versions)."""
+        body = json.dumps(
+            [t.model_dump(mode="json") for t in self.tasks], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:12]
 
     @cached_property
     def _request(self) -> Request:

@@ -18,6 +18,7 @@ from forge.core.placement.scorers import Algorithm
 
 if TYPE_CHECKING:
     from forge.core.release import Carry
+    from forge.core.rolling import RolloutPlan
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
@@ -68,6 +69,11 @@ class ReconcileOptions(BaseModel):
     gpu_reserve: int | None = Field(
         default=None, ge=0, le=1000, description="per mille; None: by placement_version"
     )
+    rollouts: bool = Field(
+        default=False,
+        description="rolling updates (forge.core.rolling): a changed task spec replaces "
+        "replicas in waves instead of releasing them all; placements record their version",
+    )
 
     @property
     def effective_gpu_reserve(self) -> int:
@@ -115,6 +121,7 @@ class Plan:
     work: int = 0  # node checks and scores the pass spent (bounded by max_work)
     dropped: list[Binding] = field(default_factory=list)  # the bindings ``released`` names
     carry: Carry | None = None  # hand it to the next pass (see Carry)
+    rollouts: RolloutPlan | None = None  # with options.rollouts: what rolling decided
 
     @property
     def changed(self) -> bool:

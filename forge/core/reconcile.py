@@ -54,6 +54,7 @@ from forge.core.plan import (
     ReconcileOptions,
 )
 from forge.core.release import Carry, groups_of, release_all, release_changed
+from forge.core.rolling import GroupRollout, plan_rollouts
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
@@ -113,6 +114,9 @@ def reconcile(
     now: float,
     options: ReconcileOptions = DEFAULT_OPTIONS,
     carry: Carry | None = None,
+    rollouts: Mapping[str, GroupRollout] = {},
+    since: Mapping[str, float] = {},
+    promoted: Mapping[str, None] = {},
 ) -> Plan:
     """Plan one pass. Inputs are not mutated (except ``carry``, which the pass
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
@@ -144,12 +148,39 @@ def reconcile(
         cluster = Cluster(list(nodes.values()), gpu_reserve=options.effective_gpu_reserve)
         plan = Plan(bindings={})
         checked = len(bindings)
-        bound_per_group = release_all(plan, bindings, groups, cluster, failed_set, node_ok, release)
+        bound_per_group = release_all(
+            plan, bindings, groups, cluster, failed_set, node_ok, release, options.rollouts
+        )
     else:
         cluster = carry.cluster
         plan = Plan(bindings=carry.bindings)
-        checked = release_changed(carry, jobs, nodes, groups, failed_set, node_ok, release)
+        checked = release_changed(
+            carry, jobs, nodes, groups, failed_set, node_ok, release, options.rollouts
+        )
         bound_per_group = {k: len(v) for k, v in carry.by_group.items() if v}
+
+    # 1b. rolling updates: old versions replaced in waves (forge.core.rolling) -------
+    if options.rollouts:
+        pairs = zip(plan.released, plan.dropped, strict=True)
+        failed_now = {w: b for (w, why), b in pairs if why == "failed"}
+        plan.rollouts = plan_rollouts(
+            groups=groups,
+            bindings=plan.bindings,
+            rollouts=rollouts,
+            since=since,
+            failed=failed_now,
+            promoted=promoted,
+            now=now,
+        )
+        for wid in plan.rollouts.stop:
+            b = plan.bindings[wid]
+            cluster.by_id[b.node].unhold(b)
+            if carry is not None:
+                carry.drop(wid, b)
+            else:
+                del plan.bindings[wid]
+            bound_per_group[(b.job, b.group)] -= 1
+            release(wid, b, "rollout")
 
     capacity_freed = capacity_changed or bool(plan.released)
     workload: list[tuple[Request, float]] = []
@@ -278,6 +309,7 @@ def reconcile(
                     req.cpu,
                     req.memory,
                     gpu_milli=req.gpu_milli,
+                    version=g.version if options.rollouts else "",
                 )
                 plan.bindings[wid] = b
                 plan.placed.append(b)
@@ -294,7 +326,16 @@ def reconcile(
         choice = placer.place(req, g.constraints, avoid=hist.last_node if hist else None)
         if choice is None:
             continue
-        b = Binding(job.id, g.name, ordinal, choice.node.id, choice.gpu_ids, req.cpu, req.memory)
+        b = Binding(
+            job.id,
+            g.name,
+            ordinal,
+            choice.node.id,
+            choice.gpu_ids,
+            req.cpu,
+            req.memory,
+            version=g.version if options.rollouts else "",
+        )
         plan.bindings[wid] = b
         plan.placed.append(b)
         del plan.pending[wid]
@@ -316,6 +357,8 @@ def reconcile(
     for p in plan.pending.values():
         if p.kind != "deferred" and p.not_before > now:
             wake = p.not_before if wake is None else min(wake, p.not_before)
+    if plan.rollouts is not None and plan.rollouts.wake is not None:
+        wake = plan.rollouts.wake if wake is None else min(wake, plan.rollouts.wake)
     plan.next_wake = wake
     plan.released.sort()
     plan.work = placer.work + visited + release_work

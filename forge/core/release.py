@@ -42,20 +42,25 @@ class Carry:
     # bindings a load found invalid (with why): the next pass releases them
     stale: list[tuple[str, Binding, str]] = field(default_factory=list)
     groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
+    rolling: bool = False  # loaded bindings of a changed spec are kept for the rollout
 
     @classmethod
-    def start(cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node]) -> Carry:
+    def start(
+        cls, jobs: Mapping[str, Job], nodes: Mapping[str, Node], *, rolling: bool = False
+    ) -> Carry:
         """An empty carry to :meth:`absorb` loaded bindings into, page by page, so
         a new run never checks every binding in one activation."""
         carry = cls(dict(jobs), dict(nodes), Cluster(list(nodes.values())), {}, {}, {})
         carry.groups = groups_of(jobs)
+        carry.rolling = rolling
         return carry
 
     def absorb(self, wid: str, b: Binding) -> None:
         """Hold a loaded binding, checked as a pass without a carry would (in the
         same order: the store's), or keep it for the next pass to release."""
         alloc = self.cluster.by_id.get(b.node)
-        reason = _reason(wid, b, self.groups.get((b.job, b.group)), alloc, set(), {})
+        entry = self.groups.get((b.job, b.group))
+        reason = _reason(wid, b, entry, alloc, set(), {}, self.rolling)
         if reason is None:
             assert alloc is not None
             if alloc.hold(b):
@@ -105,8 +110,10 @@ def _reason(
     alloc: NodeAlloc | None,
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
+    rolling: bool = False,
 ) -> str | None:
-    """Why a binding must go (before its capacity is counted), or None to keep it."""
+    """Why a binding must go (before its capacity is counted), or None to keep it.
+    ``rolling``: a changed spec is the rollout's business (forge.core.rolling)."""
     if entry is None:
         return "job stopped"
     if b.ordinal >= entry[1].scaling.desired:
@@ -119,7 +126,7 @@ def _reason(
     if b.status is AssignmentStatus.FAILED or wid in failed:
         return "failed"
     req = entry[2]
-    if (
+    if not rolling and (
         b.cpu != req.cpu
         or b.memory != req.memory
         or len(b.gpu_ids) != req.gpu
@@ -146,6 +153,7 @@ def release_all(
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: Release,
+    rolling: bool = False,
 ) -> dict[tuple[str, str], int]:
     """Check every binding, in order, holding the kept ones (a pass without a carry).
 
@@ -174,7 +182,7 @@ def release_all(
         ):
             reason = None  # the common case, decided without a call
         else:
-            reason = _reason(wid, b, entry, alloc, failed, node_ok)
+            reason = _reason(wid, b, entry, alloc, failed, node_ok, rolling)
         if reason is None:
             assert alloc is not None
             if alloc.hold(b):
@@ -194,6 +202,7 @@ def release_changed(
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: Release,
+    rolling: bool = False,
 ) -> int:
     """Re-check only what may have changed since the carry's pass: the bindings on
     nodes whose object changed (re-held from empty, in binding order, as a full pass
@@ -220,7 +229,7 @@ def release_changed(
         for wid in list(carry.by_node.get(node_id, ())):
             b = carry.bindings[wid]
             checked += 1
-            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok)
+            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok, rolling)
             if reason is None:
                 assert alloc is not None
                 if alloc.hold(b):
@@ -241,7 +250,8 @@ def release_changed(
             continue  # gone already, or decided with its node above
         checked += 1
         alloc = cluster.by_id[held.node]
-        reason = _reason(wid, held, groups.get((held.job, held.group)), alloc, failed, node_ok)
+        entry = groups.get((held.job, held.group))
+        reason = _reason(wid, held, entry, alloc, failed, node_ok, rolling)
         if reason is None:
             continue  # still held, unchanged
         alloc.unhold(held)

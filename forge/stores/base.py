@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.core.models import Assignment, Job, Node
+from forge.core.models import Assignment, Job, Node, TaskGroup
 from forge.errors import Conflict, ForgeError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ApplyResult",
     "Delta",
     "Fence",
+    "GroupVersion",
     "JobChange",
     "JobPage",
     "StaleFenceError",
@@ -99,6 +100,21 @@ class Delta(_Wire):
         return not (self.bind or self.release or self.nodes_upsert or self.nodes_remove)
 
 
+class GroupVersion(_Wire):
+    """One accepted version of a group's task spec, numbered per group from 1.
+
+    A job write whose group's tasks (``TaskGroup.version``) differ from the group's
+    latest version adds one; ``changed`` says what (``forge.core.versions``)."""
+
+    job_id: str
+    group: str
+    number: int
+    version: str
+    revision: int = Field(description="the job revision that brought it")
+    changed: str
+    spec: TaskGroup
+
+
 class ApplyResult(_Wire):
     applied: bool = Field(description="False when this fence was already applied (a retry)")
     digest: str
@@ -131,7 +147,7 @@ def delta_digest(delta: Delta) -> str:
     """
     rows = [
         (a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, str(a.status))
-        + ((a.gpu_milli,) if a.gpu_milli else ())
+        + ((a.gpu_milli, a.version) if a.version else (a.gpu_milli,) if a.gpu_milli else ())
         for a in delta.bind
     ]
     return rows_digest(
@@ -173,7 +189,13 @@ STATE_MOD = 1 << 64
 
 
 def binding_hash(
-    job: str, group: str, ordinal: int, node: str, gpu_ids: Sequence[str], cpu: int, memory: int
+    job: str,
+    group: str,
+    ordinal: int,
+    node: str,
+    gpu_ids: Sequence[str],
+    cpu: int,
+    memory: int,
 ) -> int:
     text = f"{job}/{group}/{ordinal}|{node}|{','.join(gpu_ids)}|{cpu}|{memory}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
@@ -271,6 +293,11 @@ class Store(Protocol):
 
     def revision(self, cluster: str) -> int:
         """The latest job revision (0 for an empty cluster)."""
+        ...
+
+    def group_versions(self, cluster: str, job_id: str) -> list[GroupVersion]:
+        """Every version of the job's groups' task specs, by group then number
+        (kept after the job is deleted; a job written again continues them)."""
         ...
 
     # -- actual state: bindings and nodes, written by the persist activity ---------

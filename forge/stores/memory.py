@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from forge.core.models import Assignment, Job, Node, NodeState
+from forge.core.versions import describe_change
 from forge.stores.base import (
     ApplyResult,
     Delta,
     Fence,
+    GroupVersion,
     JobChange,
     JobPage,
     StoreError,
@@ -50,6 +52,7 @@ class _Cluster:
     reports: list[TaskReport] = field(default_factory=list)  # reports[i].seq == i + 1
     usage: dict[str, _Usage] = field(default_factory=dict)
     status: str | None = None
+    versions: dict[tuple[str, str], list[GroupVersion]] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -82,7 +85,28 @@ class MemoryStore:
             for job in jobs:
                 c.revision += 1
                 c.jobs[job.id] = (c.revision, job)
+                for g in job.groups:
+                    versions = c.versions.setdefault((job.id, g.name), [])
+                    last = versions[-1] if versions else None
+                    if last is not None and last.version == g.version:
+                        continue
+                    versions.append(
+                        GroupVersion(
+                            job_id=job.id,
+                            group=g.name,
+                            number=len(versions) + 1,
+                            version=g.version,
+                            revision=c.revision,
+                            changed=describe_change(last.spec if last else None, g),
+                            spec=g,
+                        )
+                    )
             return c.revision
+
+    def group_versions(self, cluster: str, job_id: str) -> list[GroupVersion]:
+        with self._lock:
+            found = self._cluster(cluster).versions
+            return [v for (j, _), vs in sorted(found.items()) if j == job_id for v in vs]
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:
         with self._lock:

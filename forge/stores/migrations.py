@@ -125,6 +125,22 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
         # a shared GPU's milli-GPU (0: whole devices), so a reload holds the share
         "ALTER TABLE assignments ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
     ),
+    # 3: rolling updates. The group version a binding runs, and every accepted
+    # version of each group's task spec, numbered per group, with what it changed.
+    (
+        "ALTER TABLE assignments ADD COLUMN version TEXT NOT NULL DEFAULT ''",
+        """CREATE TABLE group_versions (
+            cluster TEXT NOT NULL,
+            job_id TEXT NOT NULL,
+            grp TEXT NOT NULL,
+            number INTEGER NOT NULL,
+            version TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            changed TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            PRIMARY KEY (cluster, job_id, grp, number)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -206,6 +222,21 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
         )""",
         "ALTER TABLE reports ADD COLUMN node TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE assignments ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
+    ),
+    # 3: see the SQLite step
+    (
+        "ALTER TABLE assignments ADD COLUMN version TEXT NOT NULL DEFAULT ''",
+        """CREATE TABLE group_versions (
+            cluster TEXT COLLATE "C" NOT NULL,
+            job_id TEXT COLLATE "C" NOT NULL,
+            grp TEXT COLLATE "C" NOT NULL,
+            number INTEGER NOT NULL,
+            version TEXT NOT NULL,
+            revision BIGINT NOT NULL,
+            changed TEXT NOT NULL,
+            spec JSONB NOT NULL,
+            PRIMARY KEY (cluster, job_id, grp, number)
+        )""",
     ),
 )
 

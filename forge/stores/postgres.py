@@ -305,11 +305,11 @@ class PostgresStore(SqlReads):
         last = {a.workload_id: a for a in binds}.values()
         cur.execute(
             "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
-            " gpu_ids, cpu, memory, status, gpu_milli)"
-            " SELECT %s, w, j, g, o, n, gi::jsonb, c, m, s, gm FROM unnest("
+            " gpu_ids, cpu, memory, status, gpu_milli, version)"
+            " SELECT %s, w, j, g, o, n, gi::jsonb, c, m, s, gm, v FROM unnest("
             "%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[],"
-            " %s::bigint[], %s::bigint[], %s::text[], %s::int[])"
-            " AS t(w, j, g, o, n, gi, c, m, s, gm)" + ASSIGNMENT_UPSERT_SET,
+            " %s::bigint[], %s::bigint[], %s::text[], %s::int[], %s::text[])"
+            " AS t(w, j, g, o, n, gi, c, m, s, gm, v)" + ASSIGNMENT_UPSERT_SET,
             (
                 cluster,
                 [a.workload_id for a in last],
@@ -322,6 +322,7 @@ class PostgresStore(SqlReads):
                 [a.memory for a in last],
                 [a.status.value for a in last],
                 [a.gpu_milli for a in last],
+                [a.version for a in last],
             ),
         )
 

@@ -17,8 +17,16 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, Literal, LiteralString, Protocol
 
-from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
-from forge.stores.base import Fence, JobChange, JobPage, TaskReport, mean_usage
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState, TaskGroup
+from forge.core.versions import describe_change
+from forge.stores.base import (
+    Fence,
+    GroupVersion,
+    JobChange,
+    JobPage,
+    TaskReport,
+    mean_usage,
+)
 
 __all__ = [
     "ASSIGNMENT_UPSERT_SET",
@@ -53,7 +61,7 @@ class _Executor(Protocol):
 
 #: The columns an assignment is stored in, in ``assignment_from_row`` order.
 _ASSIGNMENT_COLUMNS = (
-    "workload_id, job, grp, ordinal, node, gpu_ids{text}, cpu, memory, status, gpu_milli"
+    "workload_id, job, grp, ordinal, node, gpu_ids{text}, cpu, memory, status, gpu_milli, version"
 )
 
 #: The ``DO UPDATE SET`` of an assignment upsert (every column but the key).
@@ -61,7 +69,7 @@ ASSIGNMENT_UPSERT_SET: LiteralString = (
     " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
     " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
     " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu, memory = excluded.memory,"
-    " status = excluded.status, gpu_milli = excluded.gpu_milli"
+    " status = excluded.status, gpu_milli = excluded.gpu_milli, version = excluded.version"
 )
 
 
@@ -70,7 +78,7 @@ def gpu_ids_json(a: Assignment) -> str:
 
 
 def assignment_from_row(row: Sequence[Any]) -> Assignment:
-    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli = row
+    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli, version = row
     return Assignment(
         workload_id=workload,
         job=job,
@@ -82,6 +90,7 @@ def assignment_from_row(row: Sequence[Any]) -> Assignment:
         memory=memory,
         status=AssignmentStatus(status),
         gpu_milli=milli,
+        version=version,
     )
 
 
@@ -154,6 +163,27 @@ class SqlReads:
         )
         row = self._one(self._q(query), (cluster,))
         return int(row[0]) if row is not None else 0
+
+    def group_versions(self, cluster: str, job_id: str) -> list[GroupVersion]:
+        rows = self._all(
+            self._q(
+                "SELECT grp, number, version, revision, changed, spec{text} FROM group_versions"
+                " WHERE cluster = ? AND job_id = ? ORDER BY grp, number"
+            ),
+            (cluster, job_id),
+        )
+        return [
+            GroupVersion(
+                job_id=job_id,
+                group=g,
+                number=n,
+                version=v,
+                revision=r,
+                changed=ch,
+                spec=TaskGroup.model_validate_json(spec),
+            )
+            for g, n, v, r, ch, spec in rows
+        ]
 
     # -- actual state --------------------------------------------------------------
     def loop_status(self, cluster: str) -> str | None:
@@ -240,6 +270,55 @@ def write_jobs(
         ),
         [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
     )
+    write_versions(db, dialect, cluster, jobs, first)
+
+
+def write_versions(
+    db: _Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
+) -> None:
+    """Number each group's new task-spec version (see ``Store.group_versions``)."""
+    rows = []
+    latest: dict[tuple[str, str], tuple[int, str, str]] = {}
+    for i, job in enumerate(jobs):
+        for g in job.groups:
+            key = (job.id, g.name)
+            last = latest.get(key)
+            if last is None:
+                found = db.execute(
+                    sql(
+                        "SELECT number, version, spec{text} FROM group_versions WHERE cluster = ?"
+                        " AND job_id = ? AND grp = ? ORDER BY number DESC LIMIT 1",
+                        dialect,
+                    ),
+                    (cluster, job.id, g.name),
+                ).fetchone()
+                last = (int(found[0]), str(found[1]), str(found[2])) if found else (0, "", "")
+            if last[1] == g.version:
+                continue
+            old = TaskGroup.model_validate_json(last[2]) if last[2] else None
+            spec = g.model_dump_json()
+            rows.append(
+                (
+                    cluster,
+                    job.id,
+                    g.name,
+                    last[0] + 1,
+                    g.version,
+                    first + i,
+                    describe_change(old, g),
+                    spec,
+                )
+            )
+            latest[key] = (last[0] + 1, g.version, spec)
+    if rows:
+        db.executemany(
+            sql(
+                "INSERT INTO group_versions (cluster, job_id, grp, number, version, revision,"
+                " changed, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?{jsonb})",
+                dialect,
+            ),
+            rows,
+        )
 
 
 def write_nodes(db: _Executor, dialect: Dialect, cluster: str, nodes: Iterable[Node]) -> None:

@@ -100,6 +100,7 @@ def _assignment_row(cluster: str, a: Assignment) -> tuple[Any, ...]:
         a.memory,
         a.status.value,
         a.gpu_milli,
+        a.version,
     )
 
 
@@ -262,8 +263,8 @@ class SqliteStore(SqlReads):
             if delta.bind:
                 db.executemany(
                     "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
-                    " gpu_ids, cpu, memory, status, gpu_milli)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + ASSIGNMENT_UPSERT_SET,
+                    " gpu_ids, cpu, memory, status, gpu_milli, version)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + ASSIGNMENT_UPSERT_SET,
                     (_assignment_row(cluster, a) for a in delta.bind),
                 )
             if delta.nodes_remove:

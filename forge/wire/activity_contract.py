@@ -61,6 +61,7 @@ ACT_METRICS = "forge.metrics"
 BindRow = (
     tuple[str, str, int, str, tuple[str, ...], int, int, str]
     | tuple[str, str, int, str, tuple[str, ...], int, int, str, int]
+    | tuple[str, str, int, str, tuple[str, ...], int, int, str, int, str]
 )
 
 
@@ -161,12 +162,15 @@ class MetricsOut(_Msg):
 
 def row_from_assignment(a: Assignment) -> BindRow:
     row = (a.job, a.group, a.ordinal, a.node, tuple(a.gpu_ids), a.cpu, a.memory, str(a.status))
+    if a.version:
+        return (*row, a.gpu_milli, a.version)
     return (*row, a.gpu_milli) if a.gpu_milli else row
 
 
 def assignment_from_row(row: BindRow, *, validate: bool) -> Assignment:
     job, group, ordinal, node, gpu_ids, cpu, memory, status = row[:8]
     milli = row[8] if len(row) > 8 else 0
+    version = str(row[-1]) if len(row) == 10 else ""
     fields: dict[str, Any] = {
         "workload_id": f"{job}/{group}/{ordinal}",
         "job": job,
@@ -178,6 +182,7 @@ def assignment_from_row(row: BindRow, *, validate: bool) -> Assignment:
         "memory": memory,
         "status": AssignmentStatus(status),
         "gpu_milli": milli,
+        "version": version,
     }
     return Assignment.model_validate(fields) if validate else Assignment.model_construct(**fields)
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forge.core.autoscale import AutoscaleState
 from forge.core.models import MAX_REPLICAS, Job, Name, Node
 from forge.core.reconcile import FailureHistory, PendingEntry, ReconcileOptions
+from forge.core.rolling import GroupRollout
 
 __all__ = [
     "MAX_JOBS_PER_UPDATE",
@@ -166,6 +167,9 @@ class Checkpoint(_Msg):
     runs: int = 0
     signals_dropped: int = 0
     last_dropped: str = ""
+    # rolling updates: each group's rollout, and when its replicas' health began
+    rollouts: dict[str, GroupRollout] = Field(default_factory=dict)
+    since: dict[str, float] = Field(default_factory=dict)
 
 
 class ClusterInput(_Msg):

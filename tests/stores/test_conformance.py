@@ -688,3 +688,55 @@ def test_put_jobs_writes_a_batch_with_one_revision_each(store: Store) -> None:
     assert [c.job_id for c in page.changes] == [f"j{i}" for i in range(5)]
     assert [c.revision for c in page.changes] == list(range(before + 1, last + 1))
     assert store.put_jobs("batch", []) == last
+
+
+# -- group versions (rolling updates) ---------------------------------------------------
+
+
+def _with_env(job: Job, **env: str) -> Job:
+    g = job.groups[0]
+    task = g.tasks[0].model_copy(update={"env": env})
+    return job.model_copy(update={"groups": (g.model_copy(update={"tasks": (task,)}),)})
+
+
+def test_each_changed_task_spec_of_a_group_is_a_new_numbered_version(store: Store) -> None:
+    job = make_job("web", desired=2)
+    store.put_job(C, job)
+    store.put_job(C, job.with_desired("api", 3))  # scaling only: no new version
+    changed = _with_env(job, COLOR="blue")
+    rev = store.put_jobs(C, [changed, changed])  # the same spec twice in one batch: once
+    versions = store.group_versions(C, "web")
+    assert [(v.group, v.number, v.version) for v in versions] == [
+        ("api", 1, job.groups[0].version),
+        ("api", 2, changed.groups[0].version),
+    ]
+    assert versions[0].changed == "initial"
+    assert versions[1].changed == "t: env"
+    assert versions[1].revision == rev - 1
+    assert versions[1].spec == changed.groups[0]
+    assert store.group_versions(C, "other") == []
+    assert store.group_versions("c2", "web") == []
+
+
+def test_submitting_an_old_spec_again_is_a_new_version_with_the_old_digest(store: Store) -> None:
+    job = make_job("web")
+    store.put_job(C, job)
+    store.put_job(C, _with_env(job, COLOR="blue"))
+    store.put_job(C, job)
+    numbers = [(v.number, v.version) for v in store.group_versions(C, "web")]
+    assert numbers[2] == (3, numbers[0][1])
+    assert store.group_versions(C, "web")[2].changed == "t: env"
+
+
+def test_assignments_keep_the_version_they_run(store: Store) -> None:
+    a = bound("web", "api", 0, "n1").model_copy(update={"version": "abc123"})
+    plain = bound("web", "api", 1, "n1")
+    delta = Delta(bind=[a, plain])
+    store.apply_delta(C, Fence(1, 1), delta)
+    assert all_assignments(store) == [a, plain]
+    assert all_assignments(store)[0].version == "abc123"
+    # a binding without a version dumps (and hashes) exactly as before versions
+    assert "version" not in plain.model_dump()
+    assert delta_digest(Delta(bind=[plain])) == delta_digest(
+        Delta(bind=[Assignment.model_validate(plain.model_dump())])
+    )

@@ -51,6 +51,9 @@ class Binding:
     #: A shared replica's share of its one device (1..999); 0 = whole devices, which
     #: is what every binding made before sharing existed holds.
     gpu_milli: int = 0
+    #: The group version the replica runs (TaskGroup.version); "" = unknown (bound
+    #: before rolling updates, or with them off).
+    version: str = ""
 
     @property
     def workload_id(self) -> str:
@@ -68,6 +71,7 @@ class Binding:
             memory=self.memory,
             status=self.status,
             gpu_milli=self.gpu_milli,
+            version=self.version,
         )
 
     @classmethod
@@ -82,6 +86,7 @@ class Binding:
             a.memory,
             a.status,
             a.gpu_milli,
+            a.version,
         )
 
 

@@ -1,0 +1,141 @@
+"""Rolling updates inside a reconcile pass: the hook between release and placement.
+
+:func:`forge.core.rollout.step` decides one group's replacements from replicas and
+their health; this module feeds it from a pass: it finds the groups whose bound
+replicas run another version than the group's spec (``TaskGroup.version``), starts,
+advances and ends their rollouts, and returns the ordinals to stop (the pass
+releases them with reason ``rollout`` and places them again, on the new version,
+with the freed capacity). Pure, deterministic (groups in key order), no clock.
+
+Health comes from what the loop knows of a binding: ``failed`` is unhealthy,
+``running`` healthy since the pass that saw it running, ``pending`` starting since
+it was placed (``since``). A binding made before versions existed (version "")
+runs the group's current version when its resources match the spec (a command or
+env change then never reached it, as before), and an unknown old one otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from forge.core.models import AssignmentStatus, Job, Request, TaskGroup, workload_id
+from forge.core.placement import Binding
+from forge.core.rollout import Health, Phase, Replica, Rollout, Step, UpdatePolicy, step
+
+__all__ = ["DEFAULT_POLICY", "GroupRollout", "RolloutPlan", "plan_rollouts", "version_of"]
+
+DEFAULT_POLICY = UpdatePolicy()
+#: The version of a pre-versions binding whose resources differ from the spec.
+LEGACY = "legacy"
+#: Pre-versions bindings a pass stamps with their version at most (each is then
+#: persisted again): the rest the next passes, so one persist stays small.
+MAX_STAMPS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRollout:
+    """A group's rollout as the loop keeps it (state and checkpoint)."""
+
+    rollout: Rollout
+    failed: str = ""  # why it stopped (a replica missed its deadline), "" while it runs
+    revert_asked: bool = False  # auto_revert: the loop has asked for the old spec
+
+
+@dataclass(slots=True)
+class RolloutPlan:
+    stop: list[str] = field(default_factory=list)  # workload ids, in order
+    rollouts: dict[str, GroupRollout] = field(default_factory=dict)  # "job/group" -> kept
+    steps: dict[str, Step] = field(default_factory=dict)  # for status
+    revert: dict[str, str] = field(default_factory=dict)  # "job/group" -> version to go back to
+    stamped: list[str] = field(default_factory=list)  # pre-versions bindings given one
+    wake: float | None = None
+
+
+def version_of(b: Binding, g: TaskGroup, req: Request) -> str:
+    if b.version:
+        return b.version
+    return g.version if (b.cpu, b.memory) == (req.cpu, req.memory) else LEGACY
+
+
+def _health(b: Binding, since: Mapping[str, float], wid: str) -> tuple[Health, float]:
+    if b.status is AssignmentStatus.FAILED:
+        return Health.UNHEALTHY, since.get(wid, 0.0)
+    if b.status is AssignmentStatus.RUNNING:
+        return Health.HEALTHY, since.get(wid, 0.0)
+    return Health.STARTING, since.get(wid, 0.0)
+
+
+def plan_rollouts(
+    *,
+    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
+    bindings: Mapping[str, Binding],
+    rollouts: Mapping[str, GroupRollout],
+    since: Mapping[str, float],
+    failed: Mapping[str, Binding] = {},
+    promoted: Mapping[str, None] = {},
+    now: float,
+) -> RolloutPlan:
+    """Each group's step. ``failed``: bindings this pass released as failed (a new
+    replica that failed fails its rollout); ``promoted``: groups (``job/group``)
+    promoted since the last pass. Pre-versions bindings are given their version in
+    place (``stamped``: the loop persists them again)."""
+    out = RolloutPlan()
+    wakes: list[float] = []
+    for key in sorted(groups):
+        job, g, req = groups[key]
+        name = f"{key[0]}/{key[1]}"
+        current = rollouts.get(name)
+        desired = g.scaling.desired
+        replicas: list[Replica] = []
+        for ordinal in range(desired):
+            wid = workload_id(job.id, g.name, ordinal)
+            b = bindings.get(wid)
+            if b is None:
+                gone = failed.get(wid)
+                if gone is not None and gone.version == g.version:
+                    replicas.append(Replica(ordinal, g.version, Health.UNHEALTHY, now))
+                continue
+            if not b.version and len(out.stamped) < MAX_STAMPS:
+                b.version = version_of(b, g, req)
+                out.stamped.append(wid)
+            health, at = _health(b, since, wid)
+            replicas.append(Replica(ordinal, version_of(b, g, req), health, at))
+        if current is None:
+            old = [r for r in replicas if r.version != g.version]
+            if not old:
+                continue  # nothing to roll
+            current = GroupRollout(Rollout(g.version, old[0].version))
+        elif current.rollout.version != g.version:
+            # changed again mid-rollout: roll to the newest, back to the last good one
+            current = GroupRollout(Rollout(g.version, current.rollout.previous))
+        if name in promoted and not current.rollout.promoted:
+            current = replace(current, rollout=replace(current.rollout, promoted=True))
+        if current.failed:
+            out.rollouts[name] = current
+            out.steps[name] = Step(phase=Phase.FAILED, waiting=current.failed)
+            continue
+        policy = g.update or DEFAULT_POLICY
+        s = step(
+            desired=desired, replicas=replicas, rollout=current.rollout, policy=policy, now=now
+        )
+        out.steps[name] = s
+        if s.phase is Phase.DONE:
+            continue  # finished: forgotten
+        if s.phase in (Phase.FAILED, Phase.REVERT):
+            kept = GroupRollout(current.rollout, failed=s.waiting or "failed")
+            if s.phase is Phase.REVERT and current.rollout.previous != LEGACY:
+                out.revert[name] = current.rollout.previous
+                kept = replace(kept, revert_asked=True)
+            out.rollouts[name] = kept
+            continue
+        out.rollouts[name] = replace(current, rollout=s.rollout or current.rollout)
+        out.stop.extend(workload_id(job.id, g.name, o) for o in s.stop)
+        if s.stop:  # placed again this pass: their deadline, should no report come
+            wakes.append(now + policy.healthy_deadline)
+        if s.wake_at is not None:
+            wakes.append(s.wake_at)
+    if len(out.stamped) >= MAX_STAMPS:
+        wakes.append(now)  # more to stamp: the next pass at once
+    out.wake = min(wakes) if wakes else None
+    return out

@@ -4,10 +4,11 @@ server, a ``worker.py`` process and a SQLite store.
 One cluster serves the whole module (starting the worker and the agents is most of
 the cost); the tests run in file order and each sets the state it needs first (the
 web job's replica count), so each still says one thing on its own: 30 replicas
-answer on their ports; a task killed with SIGKILL is restarted by the reschedule
-policy; a drained node's processes stop and run elsewhere; scaling down ends the
-processes; a CPU-burning autoscaled group grows within two autoscale periods; and
-last, a ``kill -9`` of an agent moves its replicas within the heartbeat TTL + 5 s.
+answer on their ports; ``forge status`` shows each node's usage and ports; a task
+killed with SIGKILL is restarted by the reschedule policy; a drained node's
+processes stop and run elsewhere; scaling down ends the processes; a CPU-burning
+autoscaled group grows within two autoscale periods; and last, a ``kill -9`` of an
+agent moves its replicas within the heartbeat TTL + 5 s.
 
 What runs is found from the outside, as an operator would: the task processes by
 their environment (``FORGE_WORKLOAD_ID``, see ``task_processes``), their ports from
@@ -16,6 +17,8 @@ the agents' running reports, their answers with urllib.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +26,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +47,7 @@ pytestmark = pytest.mark.slow
 T = TypeVar("T")
 
 CLUSTER = "agents-e2e"
-TTL = 3.0
+TTL = 6.0  # heartbeats every 0.5 s: a loaded machine must not lose a node by mistake
 #: Each agent offers 2 cores: 30 web replicas of 100m need two of the three.
 AGENT_CPU = 2000
 AUTOSCALE_EVERY = 3.0
@@ -147,6 +151,20 @@ def _get(port: int) -> int:
         return 0
 
 
+async def _forge(cl: Cluster, *args: str) -> str:
+    """Run the ``forge`` command against the cluster (in a thread: the loop stays free)."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "forge", *args],
+        env={**os.environ, **cl.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _now(fn: Callable[[], T]) -> Callable[[], Any]:
     async def probe() -> T:
         return fn()
@@ -234,6 +252,30 @@ async def test_thirty_replicas_each_answer_on_their_own_port(show_logs_on_failur
     )
     assert all(len(pids) == 1 for pids in procs.values())  # one task, one process, no extras
     assert len({a.node for a in cl.bindings("web")}) >= 2  # more than one node's worth
+
+
+async def test_forge_status_shows_what_each_node_uses_and_its_ports(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    ports = await _web_running(cl, 30, timeout=90)
+    usage = await eventually(
+        cl.fc.node_usage,
+        lambda u: sorted(p for n in u.values() for _, _, p in n.ports) == sorted(ports.values()),
+        timeout=30,
+        what="a usage report with its ports from each of the 30 replicas",
+    )
+    per_node = Counter(a.node for a in cl.bindings("web"))
+    assert {n: u.reporting for n, u in usage.items()} == dict(per_node)
+    assert all(u.memory > 0 for u in usage.values())  # python interpreters hold memory
+    doc = json.loads(await _forge(cl, "status", "--json"))
+    shown = {
+        p["workload_id"]: p["port"]
+        for n in doc["nodes"]
+        for p in n.get("usage", {}).get("ports", [])
+        if p["name"] == "http"
+    }
+    assert shown == ports
+    text = await _forge(cl, "status")
+    assert "CPU USED" in text and "PORTS" in text, text
 
 
 async def test_a_task_killed_with_sigkill_is_restarted_by_the_reschedule_policy(

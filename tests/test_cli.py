@@ -723,3 +723,40 @@ async def _drive(
 
 def _scaled(jobs: list[Job], job_id: str, group: str, count: int) -> list[Job]:
     return [j.with_desired(group, count) if j.id == job_id else j for j in jobs]
+
+
+def test_status_shows_what_the_agents_report_each_node_uses_and_its_ports() -> None:
+    from forge.wire.views import NodeUsage
+
+    def node(node_id: str) -> c.NodeView:
+        return c.NodeView(
+            id=node_id,
+            state="ready",
+            cpu=c.ResourceView(capacity=4000, allocated=1000),
+            memory=c.ResourceView(capacity=8192, allocated=512),
+            gpus=c.GpuView(total=0, allocated=0),
+            replicas=2,
+        )
+
+    summary = c.Summary(
+        desired=2, bound=2, pending=0, nodes=2, jobs=1, passes=1, generation=1,
+        last_pass_at=None, last_pass="pass 1",
+    )  # fmt: skip
+    view = c.StatusView(summary=summary, nodes=[node("n1"), node("n2")], pending=[])
+    ports = tuple(("web/a/0", f"p{i}", 8000 + i) for i in range(8))
+    usage = {"n1": NodeUsage(cpu=1250, memory=2048, reporting=2, ports=ports)}
+    text = output.status_text("c", view, usage)
+    header = next(line for line in text.splitlines() if line.startswith("NODE"))
+    assert header.split()[-4:] == ["USED", "MEMORY", "USED", "PORTS"]
+    n1 = next(line for line in text.splitlines() if line.startswith("n1 "))
+    assert "1.25" in n1 and "2 GiB" in n1 and "8000,8001,8002,8003,8004,8005 +2" in n1
+    n2 = next(line for line in text.splitlines() if line.startswith("n2 "))
+    assert n2.split()[-3:] == ["-", "-", "-"]
+    assert "PORTS" not in output.status_text("c", view)  # no agents: the table as before
+    doc = output.status_json(view, [], usage)
+    assert doc["nodes"][0]["usage"]["ports"][0] == {
+        "workload_id": "web/a/0",
+        "name": "p0",
+        "port": 8000,
+    }
+    assert "usage" not in doc["nodes"][1]

@@ -102,3 +102,29 @@ def test_the_ui_decodes_through_the_codec_server_the_browser_can_reach() -> None
     assert args["port"] == 8081 and args["host"] == "0.0.0.0"
     assert f"http://localhost:{_ports('temporal-ui')[8080]}" in args["allow_origin"]
     assert codec["image"] == SERVICES[WORKERS[0]]["image"]  # the image has `forge`
+
+
+def test_the_agent_runs_forge_agent_against_the_workers_temporal_queue_and_store() -> None:
+    from forge.cli.agent import agent
+
+    svc = SERVICES["forge-agent-1"]
+    assert svc["command"][:2] == ["forge", "agent"]
+    args = agent.make_context("agent", svc["command"][2:]).params  # parsed as the CLI does
+    assert args["node_id"] == "agent-1"
+    env = {k: str(v) for k, v in svc["environment"].items()}
+    assert set(env) - set(ENV_VARS) == {"FORGE_AGENT_TOKEN"}  # read by forge agent itself
+    worker = Settings.from_env({k: str(v) for k, v in SERVICES[WORKERS[0]]["environment"].items()})
+    mine = Settings.from_env(env)
+    assert (mine.address, mine.namespace, mine.task_queue, mine.store_url) == (
+        worker.address, worker.namespace, worker.task_queue, worker.store_url,
+    )  # fmt: skip
+    assert svc["image"] == SERVICES[WORKERS[0]]["image"]  # the image has `forge`
+    # its state survives a restart (adoption), and its log server is on the host's loopback
+    data = str(args["data_dir"])
+    assert any(v.split(":")[1] == data for v in svc["volumes"]), svc["volumes"]
+    port = int(args["logs_address"].rpartition(":")[2])
+    assert _ports("forge-agent-1")[port] == port
+    assert all(str(p).startswith("127.0.0.1:") for p in svc["ports"])
+    assert args["logs_address"].startswith("0.0.0.0:") and env["FORGE_AGENT_TOKEN"]
+    for dep in ("temporal", "postgresql"):
+        assert svc["depends_on"][dep]["condition"] == "service_healthy"

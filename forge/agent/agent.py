@@ -236,6 +236,8 @@ class Agent:
             if sample is None:
                 continue
             self.usage[wid] = (sample.cpu, sample.memory)
+            replica = self.supervisor.replicas[wid]
+            ports = " ".join(f"{k}={v}" for k, v in sorted(replica.ports.items()))
             self.reporter.usage(
                 TaskReport(
                     workload_id=wid,
@@ -243,7 +245,9 @@ class Agent:
                     cpu=sample.cpu,
                     memory=sample.memory,
                     at=self._clock(),
-                    message=f"cpu {sample.cpu_millicores}m memory {sample.memory_mib}Mi",
+                    # the ports too: ``forge status`` reads the latest usage report
+                    message=f"cpu {sample.cpu_millicores}m memory {sample.memory_mib}Mi"
+                    + (f" ports {ports}" if ports else ""),
                     node=self.node.id,
                 )
             )

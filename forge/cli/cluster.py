@@ -42,10 +42,12 @@ def start(connect_timeout: float, **flags: str | None) -> int:
     help=(
         "Show the cluster's summary, nodes and pending replicas grouped by reason, as "
         "the last pass published them: read from the store the worker persists to, "
-        "never by querying the workflow.\n\n"
+        "never by querying the workflow. Where node agents run, each node also shows "
+        "what its replicas use (their latest usage reports) and their ports.\n\n"
         "--json prints one object: {summary: {desired, bound, pending, ...}, nodes: "
         "[{id, state, cpu: {capacity, allocated}, memory: {capacity, allocated}, gpus: "
-        "{total, allocated}}], assignments: [{workload_id, node, gpu_ids, status}], "
+        "{total, allocated}, usage (with agents): {cpu, memory, reporting, ports: "
+        "[{workload_id, name, port}]}}], assignments: [{workload_id, node, gpu_ids, status}], "
         "pending: [{workload_id, reasons}]}. Units: millicores, MiB."
     ),
 )
@@ -56,10 +58,11 @@ def start(connect_timeout: float, **flags: str | None) -> int:
 def status(as_json: bool, assignments: bool, connect_timeout: float, **flags: str | None) -> int:
     async def action(fc: ForgeClient) -> int:
         view = await fc.status()
+        usage = await fc.node_usage() if fc.store is not None else {}
         if as_json:
-            print_json(output.status_json(view, await fc.assignments()))
+            print_json(output.status_json(view, await fc.assignments(), usage))
             return 0
-        print(output.status_text(fc.cluster, view))
+        print(output.status_text(fc.cluster, view, usage))
         if assignments:
             rows = [
                 (a.workload_id, a.node, ",".join(a.gpu_ids) or "-", a.status)

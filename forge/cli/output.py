@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from forge.core.placement import Binding
     from forge.core.reconcile import Plan
     from forge.wire.contract import AssignmentView, Explanation, JobResult, StatusView
+    from forge.wire.views import NodeUsage
 
 __all__ = [
     "SMALL_CLUSTER",
@@ -256,8 +257,13 @@ def plan_text(
 # ------------------------------------------------------------------------- status
 
 
-def status_json(status: StatusView, assignments: Sequence[AssignmentView]) -> dict[str, Any]:
+def status_json(
+    status: StatusView,
+    assignments: Sequence[AssignmentView],
+    usage: Mapping[str, NodeUsage] | None = None,
+) -> dict[str, Any]:
     """The ``forge status --json`` object (documented in ``forge status --help``)."""
+    used = usage or {}
     summary = status.summary.model_dump()
     summary["pending_truncated"] = status.pending_truncated
     summary["notices"] = list(status.notices)
@@ -270,6 +276,7 @@ def status_json(status: StatusView, assignments: Sequence[AssignmentView]) -> di
                 "cpu": {"capacity": n.cpu.capacity, "allocated": n.cpu.allocated},
                 "memory": {"capacity": n.memory.capacity, "allocated": n.memory.allocated},
                 "gpus": {"total": n.gpus.total, "allocated": n.gpus.allocated},
+                **({"usage": _usage_json(used[n.id])} if n.id in used else {}),
             }
             for n in status.nodes
         ],
@@ -288,6 +295,15 @@ def status_json(status: StatusView, assignments: Sequence[AssignmentView]) -> di
     }
 
 
+def _usage_json(u: NodeUsage) -> dict[str, Any]:
+    return {
+        "cpu": u.cpu,
+        "memory": u.memory,
+        "reporting": u.reporting,
+        "ports": [{"workload_id": w, "name": name, "port": p} for w, name, p in u.ports],
+    }
+
+
 def status_line(cluster: str, status: StatusView) -> str:
     """One line: the counts a person checks first."""
     s = status.summary
@@ -297,13 +313,16 @@ def status_line(cluster: str, status: StatusView) -> str:
     )
 
 
-def status_text(cluster: str, status: StatusView) -> str:
-    """Human output of ``forge status``: summary, node table, pending by reason."""
+def status_text(
+    cluster: str, status: StatusView, usage: Mapping[str, NodeUsage] | None = None
+) -> str:
+    """Human output of ``forge status``: summary, node table (with what the agents
+    report the replicas use, and their ports, when agents report), pending by reason."""
     s = status.summary
     lines = [status_line(cluster, status), f"last pass: {s.last_pass}"]
     lines += [f"attention: {n}" for n in status.notices]
     if status.nodes:
-        lines += ["", *_nodes_table(status)]
+        lines += ["", *_nodes_table(status, usage or {})]
     else:
         lines += ["", "no nodes registered (forge node add ...)"]
     if status.pending:
@@ -317,7 +336,7 @@ def status_text(cluster: str, status: StatusView) -> str:
 SMALL_CLUSTER = 50
 
 
-def _nodes_table(status: StatusView) -> list[str]:
+def _nodes_table(status: StatusView, usage: Mapping[str, NodeUsage]) -> list[str]:
     nodes = sorted(status.nodes, key=lambda n: n.id)
     title: list[str] = []
     if len(nodes) > SMALL_CLUSTER:
@@ -333,7 +352,7 @@ def _nodes_table(status: StatusView) -> list[str]:
             f"nodes: {counts}; showing the {len(busiest)} busiest and up to {TOP} not ready "
             "(forge status --json lists all)"
         ]
-    rows = [
+    rows: list[tuple[object, ...]] = [
         (
             n.id,
             n.state,
@@ -344,7 +363,29 @@ def _nodes_table(status: StatusView) -> list[str]:
         )
         for n in nodes
     ]
-    return [*title, table(("NODE", "STATE", "CPU", "MEMORY GiB", "GPUS", "REPLICAS"), rows)]
+    headers: tuple[str, ...] = ("NODE", "STATE", "CPU", "MEMORY GiB", "GPUS", "REPLICAS")
+    if usage:  # agents report: what the replicas use (not what they asked for), ports
+        headers += ("CPU USED", "MEMORY USED", "PORTS")
+        rows = [(*row, *_usage_cells(usage.get(n.id))) for row, n in zip(rows, nodes, strict=True)]
+    return [*title, table(headers, rows)]
+
+
+def _usage_cells(u: NodeUsage | None) -> tuple[str, str, str]:
+    if u is None:
+        return "-", "-", "-"
+    ports = sorted(p for _, _, p in u.ports)
+    shown = ",".join(map(str, ports[:PORTS_SHOWN]))
+    if len(ports) > PORTS_SHOWN:
+        shown += f" +{len(ports) - PORTS_SHOWN}"
+    return (
+        cores(u.cpu),
+        f"{gib(u.memory)} GiB" if u.memory >= 1024 else f"{u.memory} MiB",
+        shown or "-",
+    )
+
+
+#: Ports listed per node in the human table (``--json`` lists them all, by replica).
+PORTS_SHOWN = 6
 
 
 def explain_text(e: Explanation) -> str:

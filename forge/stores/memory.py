@@ -231,6 +231,12 @@ class MemoryStore:
             rows = [(w, u.cpu, u.memory) for w, u in usage.items() if u.at >= since]
         return mean_usage(rows)
 
+    def latest_usage(self, cluster: str, after: str = "", limit: int = 5000) -> list[TaskReport]:
+        with self._lock:
+            c = self._cluster(cluster)
+            wids = sorted(w for w in c.usage if w > after)[: max(limit, 0)]
+            return [c.reports[c.usage[w].seq - 1] for w in wids]
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

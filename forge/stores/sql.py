@@ -253,6 +253,20 @@ class SqlReads:
         )
         return mean_usage(rows)
 
+    def latest_usage(self, cluster: str, after: str = "", limit: int = 5000) -> list[TaskReport]:
+        rows = self._all(
+            self._q(
+                "SELECT u.seq, u.workload_id, r.status, u.cpu, u.memory, u.at, r.message, r.node"
+                " FROM latest_usage u JOIN reports r ON r.cluster = u.cluster AND r.seq = u.seq"
+                " WHERE u.cluster = ? AND u.workload_id > ? ORDER BY u.workload_id LIMIT ?"
+            ),
+            (cluster, after, max(limit, 0)),
+        )
+        return [
+            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
+            for s, w, st, c, m, at, msg, n in rows
+        ]
+
 
 # -- writes shared inside the backends' transactions -------------------------------------
 

@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple
 
-from forge.core.models import Job, Node
+from forge.core.models import Assignment, Job, Node
 from forge.core.placement import Binding, Cluster, Rejection, explain_node, rejection_text
 from forge.core.reconcile import PendingEntry, Plan
+from forge.stores.base import TaskReport
 from forge.wire import contract as c
 
 __all__ = [
@@ -24,12 +25,15 @@ __all__ = [
     "REASONS_SHOWN",
     "VERDICTS_SHOWN",
     "Metric",
+    "NodeUsage",
     "assignments_page",
     "details",
     "explanation",
     "loop_status",
     "loop_summary",
+    "node_usage",
     "node_views",
+    "parse_ports",
     "pass_metrics",
     "pass_text",
     "pending_reasons",
@@ -68,6 +72,54 @@ def node_views(nodes: Iterable[Node], bindings: Iterable[Binding]) -> list[c.Nod
         )
         for a in allocations(nodes, held).nodes
     ]
+
+
+class NodeUsage(NamedTuple):
+    """What the replicas on one node use, from the agents' latest usage reports
+    (``forge status``; never crosses Temporal). ``reporting`` replicas had a report."""
+
+    cpu: int  # millicores
+    memory: int  # MiB
+    reporting: int
+    ports: tuple[tuple[str, str, int], ...]  # (workload id, port name, port)
+
+
+def parse_ports(message: str) -> list[tuple[str, int]]:
+    """``... ports http=8080 admin=8081`` (an agent's report message) -> pairs."""
+    _, sep, tail = message.partition(" ports ")
+    out = []
+    for item in tail.split() if sep else ():
+        name, eq, port = item.partition("=")
+        if eq and port.isdigit():
+            out.append((name, int(port)))
+    return out
+
+
+def node_usage(
+    reports: Iterable[TaskReport], bindings: Iterable[Assignment]
+) -> dict[str, NodeUsage]:
+    """Per node: the sum of its replicas' latest usage (utilisation x the binding's
+    request) and the ports they listen on. A report from another node than the
+    replica's binding (it moved since) is left out."""
+    where = {a.workload_id: a for a in bindings}
+    cpu: Counter[str] = Counter()
+    memory: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    ports: dict[str, list[tuple[str, str, int]]] = {}
+    for r in reports:
+        a = where.get(r.workload_id)
+        if a is None or (r.node and r.node != a.node):
+            continue
+        cpu[a.node] += round((r.cpu or 0.0) * a.cpu)
+        memory[a.node] += round((r.memory or 0.0) * a.memory)
+        count[a.node] += 1
+        ports.setdefault(a.node, []).extend(
+            (r.workload_id, name, port) for name, port in parse_ports(r.message)
+        )
+    return {
+        n: NodeUsage(cpu[n], memory[n], count[n], tuple(sorted(ports.get(n, []))))
+        for n in sorted(count)
+    }
 
 
 def pending_views(

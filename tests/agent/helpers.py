@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import psutil
 
 from forge.core.models import Assignment, Job, Node
 from forge.stores.base import Delta, Fence, Store
@@ -94,3 +99,41 @@ def until(pred: Callable[[], Any], timeout: float = 10.0, step: Callable[[], Non
 
 def local_node(node_id: str = "n1") -> Node:
     return Node(id=node_id, cpu=4000, memory=8192)
+
+
+def task_processes(match: dict[str, str]) -> dict[int, str]:
+    """pid -> workload id of the live task processes whose environment has every
+    item of ``match`` (a task process: one an agent started, with FORGE_WORKLOAD_ID)."""
+    found: dict[int, str] = {}
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        wid = env.get("FORGE_WORKLOAD_ID")
+        if wid and all(env.get(k) == v for k, v in match.items()):
+            found[proc.pid] = wid
+    return found
+
+
+def kill_tasks(pids: Iterable[int], timeout: float = 10.0) -> None:
+    """SIGKILL each task's process group (a task leads its own session), then wait
+    until they are gone."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)  # in case it left its group
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(map(alive, pids)):
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,57 +1,140 @@
-"""Real agents: `forge agent` processes running real commands against a dev server,
-a `worker.py` process and a SQLite store."""
+"""Real agents: three ``forge agent`` processes running real commands against a dev
+server, a ``worker.py`` process and a SQLite store.
+
+One cluster serves the whole module (starting the worker and the agents is most of
+the cost); the tests run in file order and each sets the state it needs first (the
+web job's replica count), so each still says one thing on its own: 30 replicas
+answer on their ports; ``forge status`` shows each node's usage and ports; a task
+killed with SIGKILL is restarted by the reschedule policy; a drained node's
+processes stop and run elsewhere; scaling down ends the processes; a CPU-burning
+autoscaled group grows within two autoscale periods; and last, a ``kill -9`` of an
+agent moves its replicas within the heartbeat TTL + 5 s.
+
+What runs is found from the outside, as an operator would: the task processes by
+their environment (``FORGE_WORKLOAD_ID``, see ``task_processes``), their ports from
+the agents' running reports, their answers with urllib.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+import pytest_asyncio
 
 from forge.client.client import ForgeClient
-from forge.core.models import Job
+from forge.core.models import Assignment, Job
 from forge.stores import SqliteStore
 from forge.wire import contract as c
-from tests.e2e.procs import ROOT, eventually
+from tests.agent.helpers import alive, kill_tasks, task_processes
+from tests.e2e.procs import ROOT, WorkerProc, eventually
 
 pytestmark = pytest.mark.slow
 
-TTL = 3.0
+T = TypeVar("T")
+
+CLUSTER = "agents-e2e"
+TTL = 6.0  # heartbeats every 0.5 s: a loaded machine must not lose a node by mistake
+#: Each agent offers 2 cores: 30 web replicas of 100m need two of the three.
+AGENT_CPU = 2000
+AUTOSCALE_EVERY = 3.0
+SERVE = (
+    "import http.server as h, os; "
+    "h.test(h.SimpleHTTPRequestHandler, port=int(os.environ['FORGE_PORT_HTTP']), bind='127.0.0.1')"
+)
+BURN = "while True: pass"
 
 
-def _agent(node: str, tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = (tmp / f"agent-{node}.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "forge", "agent", "--node-id", node, "--cpu", "4000",
-         "--memory", "4096", "--data-dir", str(tmp / f"agent-{node}"),
-         "--heartbeat-every", "0.5", "--usage-every", "2"],
-        cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+@dataclass
+class Cluster:
+    fc: ForgeClient
+    store: SqliteStore
+    tmp: Path
+    env: dict[str, str]
+    worker: WorkerProc
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start_agent(self, node: str) -> None:
+        log = (self.tmp / f"agent-{node}.log").open("ab")
+        self.agents[node] = subprocess.Popen(
+            [sys.executable, "-m", "forge", "agent", "--node-id", node,
+             "--cpu", str(AGENT_CPU), "--memory", "4096",
+             "--data-dir", str(self.tmp / f"agent-{node}"),
+             "--poll", "0.2", "--heartbeat-every", "0.5", "--usage-every", "1"],
+            cwd=ROOT, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+
+    def bindings(self, job: str) -> list[Assignment]:
+        return [a for a in self.store.assignments(CLUSTER, limit=100_000) if a.job == job]
+
+    def running(self, job: str) -> list[Assignment]:
+        return [a for a in self.bindings(job) if a.status == "running"]
+
+    def processes(self, job: str) -> dict[str, set[int]]:
+        """workload id -> pids of its live task processes, on any node."""
+        out: dict[str, set[int]] = {}
+        for pid, wid in task_processes({"FORGE_CLUSTER": CLUSTER}).items():
+            if wid.startswith(f"{job}/"):
+                out.setdefault(wid, set()).add(pid)
+        return out
+
+    def ports(self, job: str) -> dict[str, int]:
+        """workload id -> its http port, from the latest running report of the node
+        it is bound to now."""
+        where = {a.workload_id: a.node for a in self.bindings(job)}
+        ports: dict[str, int] = {}
+        for r in self.store.reports_since(CLUSTER, 0, limit=1_000_000):
+            if (
+                r.status == "running"
+                and "ports http=" in r.message
+                and where.get(r.workload_id) == r.node
+            ):
+                ports[r.workload_id] = int(r.message.rsplit("=", 1)[1])
+        return ports
+
+    def logs(self) -> str:
+        parts = [f"--- worker ---\n{self.worker.output()}"]
+        for node in sorted(self.agents):
+            text = (self.tmp / f"agent-{node}.log").read_text(errors="replace")
+            parts.append(f"--- agent {node} ---\n{text[-3000:]}")
+        return "\n".join(parts)
 
 
 def _web(replicas: int) -> Job:
-    serve = "import http.server as h, os; h.test(h.SimpleHTTPRequestHandler, port=int(os.environ['FORGE_PORT_HTTP']), bind='127.0.0.1')"  # noqa: E501
+    return _job("web", SERVE, replicas, ports=["http"], stop_grace=2.0)
+
+
+def _job(name: str, code: str, replicas: int, *, autoscale: Any = None, **task: Any) -> Job:
     return Job.model_validate(
         {
-            "id": "web",
-            "name": "web",
+            "id": name,
+            "name": name,
             "groups": [
                 {
-                    "name": "http",
+                    "name": "main",
                     "scaling": {"min": 0, "max": 50, "desired": replicas},
-                    "reschedule": {"delay": 0.5, "delay_function": "constant"},
+                    "reschedule": {"delay": 0.5, "delay_function": "constant", "attempts": 10},
+                    "autoscale": autoscale,
                     "tasks": [
                         {
-                            "name": "server",
-                            "command": [sys.executable, "-c", serve],
-                            "ports": ["http"],
-                            "stop_grace": 2.0,
-                            "resources": {"cpu": 100, "memory": 128},
+                            "name": "t",
+                            "command": [sys.executable, "-c", code],
+                            "resources": {"cpu": 100, "memory": 64},
+                            **task,
                         }
                     ],
                 }
@@ -60,94 +143,281 @@ def _web(replicas: int) -> Job:
     )
 
 
-def _serving(store: SqliteStore) -> dict[str, int]:
-    """workload -> port, from the agents' latest running reports."""
-    ports: dict[str, int] = {}
-    for r in store.reports_since("web-e2e", 0, limit=100_000):
-        if r.status == "running" and "ports http=" in r.message:
-            ports[r.workload_id] = int(r.message.rsplit("=", 1)[1])
-    return ports
-
-
 def _get(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-        return int(resp.status)
-
-
-async def test_agents_run_a_web_job_and_survive_a_task_and_an_agent_kill(
-    dev_env, spawn_worker, tmp_path: Path
-) -> None:
-    db = tmp_path / "forge.db"
-    spawn_worker(f"sqlite:///{db}")
-    store = SqliteStore(db)
-    fc = ForgeClient(
-        dev_env.client,
-        cluster="web-e2e",
-        task_queue=spawn_worker.task_queue,
-        options=c.ClusterOptions(watch_poll=0.2, heartbeat_ttl=TTL),
-        store=store,
-    )
-    await fc.start()
-    env = {
-        "FORGE_TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
-        "FORGE_TASK_QUEUE": spawn_worker.task_queue,
-        "FORGE_STORE": f"sqlite:///{db}",
-        "FORGE_CLUSTER": "web-e2e",
-    }
-    agents = {n: _agent(n, tmp_path, env) for n in ("a", "b", "c")}
     try:
-        await eventually(fc.status, lambda s: len(s.nodes) == 3, what="3 agents registered")
-        await fc.submit_job(_web(6))
-
-        def running() -> list[str]:
-            return [a.workload_id for a in store.assignments("web-e2e") if a.status == "running"]
-
-        await eventually(_now(lambda: running()), lambda r: len(r) == 6, what="6 replicas running")
-        ports = _serving(store)
-        await eventually(
-            _now(lambda: [_get(p) for p in _serving(store).values()]),
-            lambda codes: codes == [200] * 6,
-            what="every replica answers on its port",
-        )
-        assert len(set(ports.values())) == 6
-
-        # kill -9 of an agent: its replicas run elsewhere within the TTL + 5 s
-        held = [a.node for a in store.assignments("web-e2e")]
-        victim = max(sorted(agents), key=held.count)  # the agent holding the most replicas
-        agents[victim].send_signal(signal.SIGKILL)
-        agents[victim].wait()
-        await eventually(
-            _now(lambda: store.assignments("web-e2e")),
-            lambda rows: (
-                len([r for r in rows if r.status == "running"]) == 6
-                and all(r.node != victim for r in rows)
-            ),
-            timeout=TTL + 5 + 10,  # + the time a pass and a start take on a loaded machine
-            what="replicas of the killed agent running elsewhere",
-        )
-        assert {r.workload_id for r in store.assignments("web-e2e")} == set(ports)
-    finally:
-        for p in agents.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in agents.values():
-            p.wait(timeout=20)
-        _kill_leftovers(tmp_path)
-        store.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+            return int(resp.status)
+    except OSError:
+        return 0
 
 
-def _now(fn):
-    async def probe():
+async def _forge(cl: Cluster, *args: str) -> str:
+    """Run the ``forge`` command against the cluster (in a thread: the loop stays free)."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "forge", *args],
+        env={**os.environ, **cl.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _now(fn: Callable[[], T]) -> Callable[[], Any]:
+    async def probe() -> T:
         return fn()
 
     return probe
 
 
-def _kill_leftovers(tmp: Path) -> None:
-    """Agents leave their tasks running by design (for adoption): end them here."""
-    import json
+@pytest_asyncio.fixture(scope="module")
+async def cluster(dev_env: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("agents")
+    db = tmp / "forge.db"
+    address = dev_env.client.service_client.config.target_host
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    worker = WorkerProc(address, queue, f"sqlite:///{db}", tmp / "worker.log")
+    store = SqliteStore(db)
+    fc = ForgeClient(
+        dev_env.client,
+        cluster=CLUSTER,
+        task_queue=queue,
+        options=c.ClusterOptions(watch_poll=0.2, heartbeat_ttl=TTL),
+        store=store,
+    )
+    env = {
+        "FORGE_TEMPORAL_ADDRESS": address,
+        "FORGE_TASK_QUEUE": queue,
+        "FORGE_STORE": f"sqlite:///{db}",
+        "FORGE_CLUSTER": CLUSTER,
+    }
+    cl = Cluster(fc, store, tmp, env, worker)
+    try:
+        await fc.start()
+        for node in ("a", "b", "c"):
+            cl.start_agent(node)
+        await eventually(fc.status, lambda s: len(s.nodes) == 3, what="3 agents registered")
+        yield cl
+    finally:
+        for p in cl.agents.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in cl.agents.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        # the agents leave their tasks running by design (for adoption): end them
+        kill_tasks(task_processes({"FORGE_CLUSTER": CLUSTER}))
+        worker.stop()
+        store.close()
 
-    for state in tmp.glob("agent-*/agent-state.json"):
-        for p in json.loads(state.read_text())["processes"]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p["pid"], signal.SIGKILL)
+
+@pytest.fixture
+def show_logs_on_failure(cluster: Cluster, request: pytest.FixtureRequest) -> Any:
+    yield cluster
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(cluster.logs())
+
+
+async def _web_running(cl: Cluster, n: int, timeout: float = 60.0) -> dict[str, int]:
+    """Set the web job to ``n`` replicas and wait until each answers on its port."""
+    await cl.fc.submit_job(_web(n))
+    await eventually(
+        _now(lambda: cl.running("web")),
+        lambda rows: len(rows) == n and len(cl.bindings("web")) == n,
+        timeout=timeout,
+        what=f"{n} web replicas running",
+    )
+    ports: dict[str, int] = await eventually(
+        _now(lambda: cl.ports("web")),
+        lambda p: len(p) == n and all(_get(port) == 200 for port in p.values()),
+        timeout=timeout,
+        what=f"each of {n} web replicas answering on its port",
+    )
+    return ports
+
+
+async def test_thirty_replicas_each_answer_on_their_own_port(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    ports = await _web_running(cl, 30, timeout=90)
+    assert len(set(ports.values())) == 30
+    assert sorted(ports) == sorted(f"web/main/{i}" for i in range(30))
+    procs = await eventually(
+        _now(lambda: cl.processes("web")), lambda p: len(p) == 30, what="30 web processes"
+    )
+    assert all(len(pids) == 1 for pids in procs.values())  # one task, one process, no extras
+    assert len({a.node for a in cl.bindings("web")}) >= 2  # more than one node's worth
+
+
+async def test_forge_status_shows_what_each_node_uses_and_its_ports(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    ports = await _web_running(cl, 30, timeout=90)
+    usage = await eventually(
+        cl.fc.node_usage,
+        lambda u: sorted(p for n in u.values() for _, _, p in n.ports) == sorted(ports.values()),
+        timeout=30,
+        what="a usage report with its ports from each of the 30 replicas",
+    )
+    per_node = Counter(a.node for a in cl.bindings("web"))
+    assert {n: u.reporting for n, u in usage.items()} == dict(per_node)
+    assert all(u.memory > 0 for u in usage.values())  # python interpreters hold memory
+    doc = json.loads(await _forge(cl, "status", "--json"))
+    shown = {
+        p["workload_id"]: p["port"]
+        for n in doc["nodes"]
+        for p in n.get("usage", {}).get("ports", [])
+        if p["name"] == "http"
+    }
+    assert shown == ports
+    text = await _forge(cl, "status")
+    assert "CPU USED" in text and "PORTS" in text, text
+
+
+async def test_a_task_killed_with_sigkill_is_restarted_by_the_reschedule_policy(
+    show_logs_on_failure,
+) -> None:
+    cl: Cluster = show_logs_on_failure
+    await _web_running(cl, 30, timeout=90)
+    wid = "web/main/7"
+    (old_pid,) = cl.processes("web")[wid]
+    os.kill(old_pid, signal.SIGKILL)
+    restarted = await eventually(
+        _now(lambda: cl.processes("web").get(wid, set())),
+        lambda pids: len(pids) == 1 and old_pid not in pids,
+        timeout=30,
+        what=f"{wid} running again in a new process",
+    )
+    port = await eventually(
+        _now(lambda: cl.ports("web").get(wid)),
+        lambda p: p is not None and _get(p) == 200,
+        timeout=30,
+        what=f"the restarted {wid} answering",
+    )
+    reports = [r for r in cl.store.reports_since(CLUSTER, 0, 1_000_000) if r.workload_id == wid]
+    transitions = [(r.status, r.message) for r in reports if r.cpu is None]
+    assert ("failed", "task t was killed by SIGKILL") in transitions
+    assert transitions[-1][0] == "running" and transitions[-1][1].endswith(f"http={port}")
+    assert not alive(old_pid) and restarted != {old_pid}
+
+
+async def test_a_drained_nodes_processes_stop_and_run_elsewhere(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    await _web_running(cl, 30, timeout=90)
+    held = [a.node for a in cl.bindings("web")]
+    victim = max(sorted(set(held)), key=held.count)
+    moving = {a.workload_id for a in cl.bindings("web") if a.node == victim}
+    before = cl.processes("web")
+    old = {pid for wid in moving for pid in before[wid]}
+    assert await cl.fc.drain_node(victim) == len(moving)
+    await eventually(
+        _now(lambda: cl.running("web")),
+        lambda rows: len(rows) == 30 and all(r.node != victim for r in rows),
+        timeout=60,
+        what=f"the replicas of drained node {victim} running elsewhere",
+    )
+    await eventually(
+        _now(lambda: [p for p in old if alive(p)]),
+        lambda left: not left,
+        timeout=30,
+        what=f"the processes on {victim} stopped",
+    )
+    ports = await eventually(
+        _now(lambda: cl.ports("web")),
+        lambda p: all(_get(p[w]) == 200 for w in moving if w in p) and moving <= set(p),
+        timeout=30,
+        what="the moved replicas answering",
+    )
+    assert all(pid not in old for wid in moving for pid in cl.processes("web")[wid])
+    assert len({ports[w] for w in moving}) == len(moving)
+
+
+async def test_scaling_down_ends_the_processes(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    await _web_running(cl, 30, timeout=90)
+    before = cl.processes("web")
+    assert len(before) == 30
+    await cl.fc.scale("web", "main", 5)
+    keep = {f"web/main/{i}" for i in range(5)}
+    gone = {pid for wid, pids in before.items() if wid not in keep for pid in pids}
+    await eventually(
+        _now(lambda: [p for p in gone if alive(p)]),
+        lambda left: not left,
+        timeout=30,
+        what="the 25 scaled-away processes ended",
+    )
+    now = cl.processes("web")
+    assert set(now) == keep and all(now[w] == before[w] for w in keep)  # the 5 untouched
+    assert {a.workload_id for a in cl.bindings("web")} == keep
+
+
+async def test_a_cpu_burning_autoscaled_group_grows_within_two_periods(
+    show_logs_on_failure,
+) -> None:
+    cl: Cluster = show_logs_on_failure
+    policy = {
+        "policy": "threshold",
+        "scale_up": 0.8,
+        "scale_down": 0.1,
+        "step": 1,
+        "cooldown": 120.0,  # one step only: the test needs growth, not a machine on fire
+        "interval": AUTOSCALE_EVERY,
+    }
+    try:
+        await cl.fc.submit_job(_job("burn", BURN, 1, autoscale=policy))
+        await eventually(
+            _now(lambda: cl.store.group_usage(CLUSTER, 0).get("burn/main")),
+            lambda u: u is not None,
+            timeout=30,
+            what="a usage report of the burning replica",
+        )
+        measured = time.monotonic()
+        await eventually(
+            _now(lambda: cl.bindings("burn")),
+            lambda rows: len(rows) == 2,
+            timeout=2 * AUTOSCALE_EVERY + 1.0,  # + a pass on a busy machine
+            what="the burn group grown to 2 replicas",
+        )
+        grew_in = time.monotonic() - measured
+        assert cl.store.group_usage(CLUSTER, 0)["burn/main"][0] > 0.8
+        await eventually(
+            _now(lambda: cl.processes("burn")),
+            lambda p: len(p) == 2,
+            timeout=30,
+            what="2 burning processes",
+        )
+        print(f"burn grew {grew_in:.1f} s after its first usage report")
+    finally:
+        await cl.fc.stop_job("burn")
+    await eventually(
+        _now(lambda: cl.processes("burn")), lambda p: not p, timeout=30, what="burn stopped"
+    )
+
+
+async def test_kill_9_of_an_agent_moves_its_replicas_within_the_ttl(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    await _web_running(cl, 5)
+    held = [a.node for a in cl.bindings("web")]
+    victim = max(sorted(set(held)), key=held.count)  # the agent holding the most replicas
+    cl.agents[victim].send_signal(signal.SIGKILL)
+    cl.agents[victim].wait()
+    killed = time.monotonic()
+    await eventually(
+        _now(lambda: cl.running("web")),
+        lambda rows: len(rows) == 5 and all(r.node != victim for r in rows),
+        timeout=TTL + 5 + 10,  # + the time a pass and a start take on a loaded machine
+        what="replicas of the killed agent running elsewhere",
+    )
+    took = time.monotonic() - killed
+    ports = await eventually(
+        _now(lambda: cl.ports("web")),
+        lambda p: len(p) == 5 and all(_get(port) == 200 for port in p.values()),
+        timeout=30,
+        what="the moved replicas answering",
+    )
+    assert sorted(ports) == [f"web/main/{i}" for i in range(5)]
+    print(f"replicas moved {took:.1f} s after the kill -9 (TTL {TTL} s)")

@@ -429,6 +429,36 @@ def test_group_usage_forgets_released_replicas(store: Store) -> None:
     assert len(store.reports_since(C, 0)) == 2  # the report history itself is kept
 
 
+def test_latest_usage_is_each_bound_replicas_last_usage_report_with_its_message(
+    store: Store,
+) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", i) for i in range(3)]))
+    ports = "cpu 10m memory 5Mi ports http=8080"
+    store.report(
+        C,
+        [
+            usage("web/api/1", 1.0, cpu=0.1, memory=0.2).model_copy(update={"node": "n1"}),
+            usage("web/api/0", 2.0, cpu=0.3, memory=0.4),
+            TaskReport(workload_id="web/api/1", status="failed", at=3.0, message="killed"),
+            usage("web/api/1", 4.0, cpu=0.5, memory=0.6).model_copy(
+                update={"node": "n1", "message": ports}
+            ),
+            usage("web/api/2", 5.0),  # no usage: not a usage report
+        ],
+    )
+    found = store.latest_usage(C)
+    assert [(r.workload_id, r.cpu, r.memory) for r in found] == [
+        ("web/api/0", 0.3, 0.4),
+        ("web/api/1", 0.5, 0.6),
+    ]
+    assert (found[1].message, found[1].node, found[1].status) == (ports, "n1", "running")
+    assert [r.workload_id for r in store.latest_usage(C, after="web/api/0")] == ["web/api/1"]
+    assert [r.workload_id for r in store.latest_usage(C, limit=1)] == ["web/api/0"]
+    store.apply_delta(C, Fence(1, 2), Delta(release=["web/api/1"]))
+    assert [r.workload_id for r in store.latest_usage(C)] == ["web/api/0"]
+    assert store.latest_usage("other") == []
+
+
 def test_a_closed_store_refuses_work(backend: Backend) -> None:
     store = backend.open()
     store.close()

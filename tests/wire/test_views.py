@@ -158,3 +158,44 @@ def test_pass_metrics_report_every_node_state_and_moves_by_reason() -> None:
     kinds = {m.name: m.kind for m in views.pass_metrics(plan, [], 0.0)}
     assert kinds["forge_pass_seconds"] == "histogram_float"
     assert kinds["forge_placements_total"] == "counter"
+
+
+def test_node_usage_sums_each_nodes_latest_reports_and_lists_their_ports() -> None:
+    from forge.core.models import Assignment
+    from forge.stores.base import TaskReport
+
+    def bind(wid: str, node: str, cpu: int = 500, memory: int = 256) -> Assignment:
+        job, group, ordinal = wid.split("/")
+        return Assignment(
+            workload_id=wid, job=job, group=group, ordinal=int(ordinal), node=node,
+            cpu=cpu, memory=memory,
+        )  # fmt: skip
+
+    def report(wid: str, node: str, cpu: float, memory: float, message: str = "") -> TaskReport:
+        return TaskReport(
+            workload_id=wid, status="running", cpu=cpu, memory=memory, at=1.0, node=node,
+            message=message,
+        )  # fmt: skip
+
+    bindings = [bind("web/a/0", "n1"), bind("web/a/1", "n1"), bind("web/a/2", "n2")]
+    reports = [
+        report("web/a/0", "n1", 0.5, 0.25, "cpu 250m memory 64Mi ports http=8001 admin=8002"),
+        report("web/a/1", "n1", 2.0, 1.0, "cpu 1000m memory 256Mi ports http=8003"),
+        report("web/a/2", "n9", 1.0, 1.0, "ports http=9"),  # moved to n2 since: left out
+        report("gone/a/0", "n1", 1.0, 1.0),  # not bound any more: left out
+    ]
+    usage = views.node_usage(reports, bindings)
+    assert usage == {
+        "n1": views.NodeUsage(
+            cpu=1250,
+            memory=320,
+            reporting=2,
+            ports=(
+                ("web/a/0", "admin", 8002),
+                ("web/a/0", "http", 8001),
+                ("web/a/1", "http", 8003),
+            ),
+        )
+    }
+    assert views.parse_ports("started ports http=1 x=nope b=2") == [("http", 1), ("b", 2)]
+    assert views.parse_ports("started") == []

@@ -104,3 +104,66 @@ def test_relative_and_type_checking_imports_are_read_right() -> None:
     tree = ast.parse("from . import a\nfrom .b import x\nif TYPE_CHECKING:\n    from p import c\n")
     assert _imports(tree, "p", True, known) == {"p.a", "p.b"}
     assert _imports(ast.parse("from . import b"), "p.a", False, known) == {"p.b"}
+
+
+#: What each part of ``forge`` may import (besides itself): the README's layer
+#: table. ``forge.errors`` is a leaf every layer may use; the core uses nothing.
+LAYERS: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "errors": frozenset(),
+    "logs": frozenset(),
+    "__main__": frozenset({"cli"}),
+    "wire": frozenset({"core", "stores.base"}),
+    "settings": frozenset({"errors", "wire"}),
+    "stores": frozenset({"core", "errors"}),
+    "loaders": frozenset({"core", "errors"}),
+    "client": frozenset({"core", "errors", "settings", "stores", "wire"}),
+    "agent": frozenset({"client", "core", "errors", "settings", "stores"}),
+    "services": frozenset(
+        {"cli.output", "client", "core", "errors", "loaders", "settings", "stores", "wire"}
+    ),
+    "cli": frozenset(
+        {"agent", "client", "core", "errors", "loaders", "services", "settings", "stores", "wire"}
+    ),
+}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _allowed(source: str, target: str) -> bool:
+    here, there = _part(source), _part(target)
+    if there == here or target == "forge":
+        return True
+    rules = LAYERS[here]
+    return there in rules or any(
+        target == f"forge.{r}" or target.startswith(f"forge.{r}.") for r in rules
+    )
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if _part(source) in LAYERS
+        for target in targets
+        if not _allowed(source, target)
+    )
+
+
+def test_every_part_of_forge_imports_only_the_layers_below_it() -> None:
+    graph = import_graph()
+    assert {_part(m) for m in graph if _part(m)} <= set(LAYERS), "a new part needs a row"
+    assert layer_violations(graph) == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    graph = {
+        "forge.core.reconcile": {"forge.wire.contract"},
+        "forge.wire.views": {"forge.stores.sql"},
+    }
+    assert layer_violations(graph) == [
+        "forge.core.reconcile -> forge.wire.contract",
+        "forge.wire.views -> forge.stores.sql",
+    ]

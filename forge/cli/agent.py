@@ -45,7 +45,6 @@ TOKEN_ENV = "FORGE_AGENT_TOKEN"
     "--data-dir", type=click.Path(path_type=Path), help="default: FORGE_DATA_DIR/agent-ID"
 )
 @click.option("--logs-address", default="127.0.0.1:0", metavar="HOST:PORT")
-@click.option("--token", default="", help=f"log server token ({TOKEN_ENV})")
 @click.option("--poll", type=_SECONDS, default=0.5, help="store poll period (default 0.5)")
 @click.option("--heartbeat-every", type=_SECONDS, default=5.0, help="default 5")
 @click.option("--usage-every", type=_SECONDS, default=10.0, help="default 10")
@@ -59,7 +58,6 @@ def agent(
     label: Sequence[str],
     data_dir: Path | None,
     logs_address: str,
-    token: str,
     poll: float,
     heartbeat_every: float,
     usage_every: float,
@@ -80,7 +78,7 @@ def agent(
         gpus=list(gpu) or None,
         labels=list(label),
         logs_address=logs_address,
-        token=token or os.environ.get(TOKEN_ENV, ""),
+        token=os.environ.get(TOKEN_ENV, ""),  # never a flag: flags show in `ps`
         poll=poll,
         heartbeat_every=heartbeat_every,
         usage_every=usage_every,
@@ -94,10 +92,7 @@ def agent(
 @click.argument("workload_id", metavar="JOB/GROUP/ORDINAL")
 @click.option("--task", default="", help="task name (default: the first)")
 @click.option("-f", "--follow", is_flag=True, help="keep printing as the log grows")
-@click.option("--token", default="", help=f"the agent's token ({TOKEN_ENV})")
-def logs(
-    store: str | None, cluster: str | None, workload_id: str, task: str, follow: bool, token: str
-) -> int:
+def logs(store: str | None, cluster: str | None, workload_id: str, task: str, follow: bool) -> int:
     from forge.agent.run import fetch_logs
 
     s = settings(store=store, cluster=cluster)
@@ -109,7 +104,7 @@ def logs(
             workload_id,
             task=task,
             follow=follow,
-            token=token or os.environ.get(TOKEN_ENV, ""),
+            token=os.environ.get(TOKEN_ENV, ""),  # never a flag: flags show in `ps`
         )
     finally:
         opened.close()

@@ -85,10 +85,14 @@ def assert_store_is_the_workflows(store: Store, cluster: str) -> LoopStatus:
     """Invariant 6 without asking the workflow: the bindings hash the last pass
     published (computed by the workflow from its own state) equals the hash of
     the rows the store holds, and so do the counts."""
-    raw = store.loop_status(cluster)
+    while True:  # the status and the rows as one persist left them (see below)
+        before = store.fence(cluster)
+        raw = store.loop_status(cluster)
+        rows = store.assignments(cluster, limit=10_000_000)
+        if store.fence(cluster) == before:
+            break  # no persist in between: both reads saw the same pass
     assert raw is not None, "the loop published no status"
     doc = LoopStatus.model_validate_json(raw)
-    rows = store.assignments(cluster, limit=10_000_000)
     assert doc.summary.bound == len(rows), "the published count differs from the store's"
     assert doc.state_digest == state_digest(rows), "the store differs from the workflow's state"
     return doc

@@ -47,6 +47,7 @@ __all__ = [
     "PATCH_DROPPED_SIGNALS",
     "PATCH_PUBLISH",
     "PATCH_ROLLOUTS",
+    "PATCH_ROLLOUTS_2",
     "PATCH_WORK_BUDGET",
     "ClusterWorkflow",
     "DivergenceError",
@@ -69,6 +70,9 @@ PATCH_PUBLISH = "publish-status-1"
 #: Rolling updates (forge.core.rolling): a changed task spec replaces replicas in
 #: waves; placements record their group version.
 PATCH_ROLLOUTS = "rollouts-1"
+#: Rollouts in the published status and the details; a failed rollout with
+#: auto_revert submits the previous version's spec (read from the store).
+PATCH_ROLLOUTS_2 = "rollouts-2"
 
 
 class DivergenceError(RuntimeError):
@@ -380,6 +384,12 @@ class ClusterWorkflow(Handlers):
             notices=st.notices(),
             state_digest=f"{st.state_after(plan):016x}",
         )
+        if (
+            plan.rollouts is not None
+            and plan.rollouts.rollouts
+            and workflow.patched(PATCH_ROLLOUTS_2)
+        ):
+            doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
         full = summary.model_copy(
             update={
                 "passes": st.passes + 1,
@@ -408,6 +418,7 @@ class ClusterWorkflow(Handlers):
                 f"- {name}: to version {r.rollout.version} (from {r.rollout.previous})"
                 + (f", failed: {r.failed}" if r.failed else "")
                 + (", promoted" if r.rollout.promoted else "")
+                + (f"; {st.rollout_waiting[name]}" if st.rollout_waiting.get(name) else "")
                 for name, r in sorted(st.rollouts.items())
             )
         workflow.set_current_details(text)

@@ -134,6 +134,26 @@ def scale(job_id: str, group: str, count: int, connect_timeout: float, **flags: 
     return remote(settings(**flags), connect_timeout, action)
 
 
+@job.command(
+    short_help="let a rollout go on past its canaries",
+    help=(
+        "Promote the rollouts of JOB (of one group with --group) that wait for a "
+        "promotion: their canaries are healthy and the rest of the group now rolls to "
+        "the new version. Refused (exit 2) when no rollout of it waits."
+    ),
+)
+@click.argument("job_id", metavar="JOB", type=NAME)
+@click.option("--group", "-g", type=NAME, default=None, help="only this group")
+@temporal_options
+def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str | None) -> int:
+    async def action(fc: ForgeClient) -> int:
+        for name in await fc.promote(job_id, group):
+            print(f"{name}: promoted; the rollout goes on")
+        return 0
+
+    return remote(settings(**flags), connect_timeout, action)
+
+
 @job.command(short_help="stop a job (release its replicas)")
 @click.argument("job_id", metavar="JOB", type=NAME)
 @temporal_options

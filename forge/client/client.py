@@ -246,6 +246,15 @@ class ForgeClient:
         )
         return result
 
+    async def promote(self, job_id: str, group: str | None = None) -> list[str]:
+        """Release the canary hold of the job's rollouts (one group's, with ``group``);
+        returns the groups promoted (``job/group``). Refused, naming it, when no
+        rollout of the job (or group) waits for a promotion."""
+        res: c.PromoteResult = await self._update(
+            c.UPDATE_PROMOTE, c.Promote(job_id=job_id, group=group), c.PromoteResult
+        )
+        return res.promoted
+
     async def report_failed(
         self, workload_ids: Sequence[str], *, on: Mapping[str, str] | None = None
     ) -> int:

@@ -38,6 +38,7 @@ from workflows.watch import StoreWatch
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import Node
     from forge.core.reconcile import DEFAULT_MAX_WORK, Carry, Plan, reconcile
+    from forge.core.versions import with_tasks_of
     from forge.stores.base import STATE_MOD, rows_digest
     from forge.wire import activity_contract as ac
     from forge.wire import contract as c
@@ -285,6 +286,7 @@ class ClusterWorkflow(Handlers):
         st.deferred = plan.deferred
         st.failures = plan.failures
         st.commit_rollouts(plan, status_changed, now)
+        revert = plan.rollouts.revert if plan.rollouts is not None else {}
         st.failed = {}
         st.status_updates = {}
         st.capacity_changed = False
@@ -298,6 +300,28 @@ class ClusterWorkflow(Handlers):
             self.dirty = True
         self._record(plan, elapsed)
         self._details()
+        if revert and workflow.patched(PATCH_ROLLOUTS_2):
+            await self._revert(revert)
+
+    async def _revert(self, revert: dict[str, str]) -> None:
+        """Failed rollouts with auto_revert: each group goes back to the spec of the
+        last version that was healthy (read from the store), queued as a job write as
+        the autoscaler's are, and rolled out like any change."""
+        st = self.st
+        for name, version in sorted(revert.items()):
+            job_id, group = name.rsplit("/", 1)
+            out = await acts.group_spec(
+                ac.GroupSpecIn(cluster=st.cluster, job_id=job_id, group=group, version=version)
+            )
+            job = self.queue.current(job_id, st.jobs)
+            if out.spec is None or job is None or job.group(group) is None:
+                workflow.logger.warning("cannot revert %s to %s: not in the store", name, version)
+                continue
+            workflow.logger.info("reverting %s to version %s", name, version)
+            reverted = with_tasks_of(job, group, out.spec)
+            self.queue.put(job_id, reverted)
+            st.jobs[job_id] = reverted
+            self.dirty = True
 
     async def _persist(self, persist: ac.PersistIn, plan: Plan) -> bool:
         expected = rows_digest(

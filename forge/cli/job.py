@@ -155,6 +155,31 @@ def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str
     return remote(settings(**flags), connect_timeout, action)
 
 
+@job.command(
+    short_help="roll a job back to an earlier version of its tasks",
+    help=(
+        "Submit JOB with its groups' tasks as they were at VERSION (a number as "
+        "`forge job history` lists it, 3 or v3, or a version digest), read from the "
+        "store: a new version that rolls out like any change (scaling and policies stay "
+        "as they are). Refused (exit 2) when no group has that version."
+    ),
+)
+@click.argument("job_id", metavar="JOB", type=NAME)
+@click.argument("version", metavar="VERSION")
+@click.option("--group", "-g", type=NAME, default=None, help="only this group")
+@temporal_options
+@store_option
+def revert(
+    job_id: str, version: str, group: str | None, connect_timeout: float, **flags: str | None
+) -> int:
+    async def action(fc: ForgeClient) -> int:
+        r = await fc.revert(job_id, version, group)
+        print(f"{job_id}: reverted to {version}; {output.job_result_line(r)}")
+        return 0
+
+    return remote(settings(**flags), connect_timeout, action, reads_store=True)
+
+
 @job.command(short_help="stop a job (release its replicas)")
 @click.argument("job_id", metavar="JOB", type=NAME)
 @temporal_options

@@ -149,3 +149,69 @@ async def test_a_canary_waits_for_promote_then_the_rest_rolls(
         await details_once(fc, "Rollouts:", absent=True)
         with pytest.raises(ForgeError, match="no rollout of web/main waits"):
             await fc.promote("web", "main")
+
+
+def reverting_web(env: str) -> Job:
+    j = web(env)
+    g = j.groups[0]
+    assert g.update is not None
+    policy = g.update.model_copy(
+        update={"auto_revert": True, "healthy_deadline": 60.0, "min_healthy_time": 1.0}
+    )
+    return j.model_copy(update={"groups": (g.model_copy(update={"update": policy}),)})
+
+
+def report(store: Store, fc: ForgeClient, ordinals: list[int], status: str) -> None:
+    store.report(
+        fc.cluster,
+        [
+            TaskReport(workload_id=f"web/main/{o}", status=status, at=time.time(), node="n1")
+            for o in ordinals
+        ],
+    )
+
+
+async def test_a_failed_rollout_with_auto_revert_goes_back_to_the_previous_spec(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    options = default_options(watch=True, watch_poll=0.05, heartbeat_ttl=10_000_000.0)
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=8000)])
+        old, new = reverting_web("1"), reverting_web("2")
+        v1, v2 = old.groups[0].version, new.groups[0].version
+        await fc.submit_job(old)
+        report(store, fc, [0, 1, 2], "running")
+        await fc.submit_job(new)
+        await versions_once(store, fc, [v1, v1, v2])
+        report(store, fc, [2], "failed")  # the new version's first replica crashes
+        # the loop submits the previous spec (a new version number, the old digest)
+        await versions_once(store, fc, [v1, v1, v1])
+        got = store.get_job(fc.cluster, "web")
+        assert got is not None and got.groups[0].version == v1
+        assert got.groups[0].update == old.groups[0].update  # policies stay
+        assert [v.version for v in store.group_versions(fc.cluster, "web")] == [v1, v2, v1]
+        report(store, fc, [2], "running")
+        await details_once(fc, "Rollouts:", absent=True)
+
+
+async def test_revert_submits_an_earlier_version_from_the_store(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    async with cluster(skipping_env.client) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=8000)])
+        old, new = web("1"), web("2")
+        await fc.submit_job(old)
+        await fc.submit_job(new)
+        with pytest.raises(ForgeError, match="has no version '9'"):
+            await fc.revert("web", "9")
+        with pytest.raises(ForgeError, match="no group 'x'"):
+            await fc.revert("web", "v1", "x")
+        with pytest.raises(ForgeError, match="unknown job 'nope'"):
+            await fc.revert("nope", "1")
+        await fc.revert("web", "v1")
+        got = store.get_job(fc.cluster, "web")
+        assert got is not None and got.groups[0].version == old.groups[0].version
+        await fc.revert("web", new.groups[0].version)  # by digest
+        got = store.get_job(fc.cluster, "web")
+        assert got is not None and got.groups[0].version == new.groups[0].version
+        assert [v.number for v in store.group_versions(fc.cluster, "web")] == [1, 2, 3, 4]

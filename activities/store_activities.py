@@ -23,6 +23,7 @@ from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, St
 from forge.wire import errors
 from forge.wire.activity_contract import (
     ACT_FENCE,
+    ACT_GROUP_SPEC,
     ACT_JOB_CHANGES,
     ACT_METRICS,
     ACT_PERSIST,
@@ -34,6 +35,8 @@ from forge.wire.activity_contract import (
     AssignmentRows,
     BindRow,
     ClusterRef,
+    GroupSpecIn,
+    GroupSpecOut,
     JobChangesIn,
     MetricsIn,
     MetricsOut,
@@ -129,6 +132,7 @@ class StoreActivities:
             self.watch,
             self.read_reports,
             self.metrics,
+            self.group_spec,
         ]
 
     @activity.defn(name=ACT_FENCE)
@@ -255,3 +259,14 @@ class StoreActivities:
     def metrics(self, req: MetricsIn) -> MetricsOut:
         usage = self.store.group_usage(req.cluster, time.time() - req.window)
         return MetricsOut(usage={g: usage[g] for g in req.groups if g in usage})
+
+    @activity.defn(name=ACT_GROUP_SPEC)
+    @heartbeating
+    def group_spec(self, req: GroupSpecIn) -> GroupSpecOut:
+        """The latest accepted spec of ``req.group`` at ``req.version``."""
+        found = [
+            v
+            for v in self.store.group_versions(req.cluster, req.job_id)
+            if v.group == req.group and v.version == req.version
+        ]
+        return GroupSpecOut(spec=found[-1].spec if found else None)

@@ -24,6 +24,7 @@ __all__ = [
     "STORE_RETRY",
     "STORE_TIMEOUT",
     "fence",
+    "group_spec",
     "job_changes",
     "metrics",
     "persist",
@@ -97,6 +98,11 @@ async def read_reports(inp: ac.ReportsIn) -> ac.ReportsOut:
 async def metrics(inp: ac.MetricsIn) -> ac.MetricsOut:
     summary = f"metrics for {len(inp.groups)} groups"
     return await _call(ac.ACT_METRICS, inp, ac.MetricsOut, summary)
+
+
+async def group_spec(inp: ac.GroupSpecIn) -> ac.GroupSpecOut:
+    summary = f"read the spec of {inp.job_id}/{inp.group} at version {inp.version}"
+    return await _call(ac.ACT_GROUP_SPEC, inp, ac.GroupSpecOut, summary)
 
 
 def start_watch(inp: ac.WatchIn) -> workflow.ActivityHandle[ac.WatchOut]:

@@ -38,6 +38,7 @@ from workflows.watch import StoreWatch
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import Node
     from forge.core.reconcile import DEFAULT_MAX_WORK, Carry, Plan, reconcile
+    from forge.core.versions import with_tasks_of
     from forge.stores.base import STATE_MOD, rows_digest
     from forge.wire import activity_contract as ac
     from forge.wire import contract as c
@@ -47,6 +48,7 @@ __all__ = [
     "PATCH_DROPPED_SIGNALS",
     "PATCH_PUBLISH",
     "PATCH_ROLLOUTS",
+    "PATCH_ROLLOUTS_2",
     "PATCH_WORK_BUDGET",
     "ClusterWorkflow",
     "DivergenceError",
@@ -69,6 +71,9 @@ PATCH_PUBLISH = "publish-status-1"
 #: Rolling updates (forge.core.rolling): a changed task spec replaces replicas in
 #: waves; placements record their group version.
 PATCH_ROLLOUTS = "rollouts-1"
+#: Rollouts in the published status and the details; a failed rollout with
+#: auto_revert submits the previous version's spec (read from the store).
+PATCH_ROLLOUTS_2 = "rollouts-2"
 
 
 class DivergenceError(RuntimeError):
@@ -281,6 +286,7 @@ class ClusterWorkflow(Handlers):
         st.deferred = plan.deferred
         st.failures = plan.failures
         st.commit_rollouts(plan, status_changed, now)
+        revert = plan.rollouts.revert if plan.rollouts is not None else {}
         st.failed = {}
         st.status_updates = {}
         st.capacity_changed = False
@@ -294,6 +300,28 @@ class ClusterWorkflow(Handlers):
             self.dirty = True
         self._record(plan, elapsed)
         self._details()
+        if revert and workflow.patched(PATCH_ROLLOUTS_2):
+            await self._revert(revert)
+
+    async def _revert(self, revert: dict[str, str]) -> None:
+        """Failed rollouts with auto_revert: each group goes back to the spec of the
+        last version that was healthy (read from the store), queued as a job write as
+        the autoscaler's are, and rolled out like any change."""
+        st = self.st
+        for name, version in sorted(revert.items()):
+            job_id, group = name.rsplit("/", 1)
+            out = await acts.group_spec(
+                ac.GroupSpecIn(cluster=st.cluster, job_id=job_id, group=group, version=version)
+            )
+            job = self.queue.current(job_id, st.jobs)
+            if out.spec is None or job is None or job.group(group) is None:
+                workflow.logger.warning("cannot revert %s to %s: not in the store", name, version)
+                continue
+            workflow.logger.info("reverting %s to version %s", name, version)
+            reverted = with_tasks_of(job, group, out.spec)
+            self.queue.put(job_id, reverted)
+            st.jobs[job_id] = reverted
+            self.dirty = True
 
     async def _persist(self, persist: ac.PersistIn, plan: Plan) -> bool:
         expected = rows_digest(
@@ -380,6 +408,12 @@ class ClusterWorkflow(Handlers):
             notices=st.notices(),
             state_digest=f"{st.state_after(plan):016x}",
         )
+        if (
+            plan.rollouts is not None
+            and plan.rollouts.rollouts
+            and workflow.patched(PATCH_ROLLOUTS_2)
+        ):
+            doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
         full = summary.model_copy(
             update={
                 "passes": st.passes + 1,
@@ -408,6 +442,7 @@ class ClusterWorkflow(Handlers):
                 f"- {name}: to version {r.rollout.version} (from {r.rollout.previous})"
                 + (f", failed: {r.failed}" if r.failed else "")
                 + (", promoted" if r.rollout.promoted else "")
+                + (f"; {st.rollout_waiting[name]}" if st.rollout_waiting.get(name) else "")
                 for name, r in sorted(st.rollouts.items())
             )
         workflow.set_current_details(text)

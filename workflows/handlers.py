@@ -236,6 +236,49 @@ class Handlers:
             shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             raise refuse(f"not bound: {shown}")
 
+    @workflow.update(name=c.UPDATE_PROMOTE)
+    async def promote(self, raw: Any) -> c.PromoteResult:
+        req = update_arg(c.Promote, raw)
+        self.updates += 1
+        await workflow.wait_condition(lambda: self.ready)
+        names = self._promotable(req)  # again: a pass may have ended the rollout since
+        for name in names:
+            self.st.promoted[name] = None
+        self.dirty = True
+        # the pass that planned it takes it out of ``promoted``
+        await workflow.wait_condition(lambda: not any(n in self.st.promoted for n in names))
+        return c.PromoteResult(promoted=names)
+
+    @promote.validator
+    def _validate_promote(self, raw: Any) -> None:
+        req = update_arg(c.Promote, raw)
+        self._refuse_if_busy()
+        if self.ready:
+            self._promotable(req)
+
+    def _promotable(self, req: c.Promote) -> list[str]:
+        """The groups (``job/group``) of ``req`` whose rollout waits for a promotion;
+        refuses, naming what, when there is none."""
+        job = self.queue.current(req.job_id, self.st.jobs)
+        if job is None:
+            raise refuse(f"unknown job {req.job_id!r}")
+        if req.group is not None and job.group(req.group) is None:
+            raise refuse(f"job {req.job_id!r} has no group {req.group!r}")
+        names: list[str] = []
+        for g in job.groups:
+            if req.group is not None and g.name != req.group:
+                continue
+            name = f"{job.id}/{g.name}"
+            r = self.st.rollouts.get(name)
+            policy = g.update
+            canary = policy is not None and policy.canary > 0 and not policy.auto_promote
+            if r is not None and not r.failed and not r.rollout.promoted and canary:
+                names.append(name)
+        if not names:
+            what = f"{req.job_id}/{req.group}" if req.group is not None else f"job {req.job_id!r}"
+            raise refuse(f"no rollout of {what} waits for a promotion")
+        return names
+
     def _refuse_if_busy(self) -> None:
         """Refuse new updates while this run is due to continue as new.
 

@@ -66,6 +66,7 @@ class LoopState:
     since: dict[str, float] = field(default_factory=dict)
     promoted: dict[str, None] = field(default_factory=dict)
     rollout_wake: float | None = None
+    rollout_waiting: dict[str, str] = field(default_factory=dict)  # why, for the details
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -180,7 +181,18 @@ class LoopState:
             return
         self.rollouts = rp.rollouts
         self.rollout_wake = rp.wake
-        self.promoted = {}
+        self.rollout_waiting = {
+            k: s.waiting
+            for k, s in rp.steps.items()
+            if k in rp.rollouts and not rp.rollouts[k].failed and s.waiting
+        }
+        # promoted since the pass began (a promote update that arrived while it
+        # persisted) waits for the next pass; the rest this pass took in
+        self.promoted = {
+            k: None
+            for k in self.promoted
+            if k in rp.rollouts and not rp.rollouts[k].rollout.promoted
+        }
         since = dict(self.since)
         for w, _ in plan.released:
             since.pop(w, None)

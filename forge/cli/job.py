@@ -6,7 +6,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,12 +21,13 @@ from forge.cli.remote import (
     settings,
     store_call,
 )
-from forge.core.models import Job
+from forge.core.models import Assignment, AssignmentStatus, Job
 from forge.loaders import load_jobs
 
 if TYPE_CHECKING:
     from forge.client.client import ForgeClient
-    from forge.wire.contract import JobResult
+    from forge.stores.base import GroupVersion
+    from forge.wire.contract import JobResult, RolloutView
 
 __all__ = ["COMMANDS", "MANY_JOBS", "SUBMIT_SLICE", "job"]
 
@@ -132,6 +133,51 @@ def scale(job_id: str, group: str, count: int, connect_timeout: float, **flags: 
         return 0
 
     return remote(settings(**flags), connect_timeout, action)
+
+
+@job.command(
+    short_help="let a rollout go on past its canaries",
+    help=(
+        "Promote the rollouts of JOB (of one group with --group) that wait for a "
+        "promotion: their canaries are healthy and the rest of the group now rolls to "
+        "the new version. Refused (exit 2) when no rollout of it waits."
+    ),
+)
+@click.argument("job_id", metavar="JOB", type=NAME)
+@click.option("--group", "-g", type=NAME, default=None, help="only this group")
+@temporal_options
+def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str | None) -> int:
+    async def action(fc: ForgeClient) -> int:
+        for name in await fc.promote(job_id, group):
+            print(f"{name}: promoted; the rollout goes on")
+        return 0
+
+    return remote(settings(**flags), connect_timeout, action)
+
+
+@job.command(
+    short_help="roll a job back to an earlier version of its tasks",
+    help=(
+        "Submit JOB with its groups' tasks as they were at VERSION (a number as "
+        "`forge job history` lists it, 3 or v3, or a version digest), read from the "
+        "store: a new version that rolls out like any change (scaling and policies stay "
+        "as they are). Refused (exit 2) when no group has that version."
+    ),
+)
+@click.argument("job_id", metavar="JOB", type=NAME)
+@click.argument("version", metavar="VERSION")
+@click.option("--group", "-g", type=NAME, default=None, help="only this group")
+@temporal_options
+@store_option
+def revert(
+    job_id: str, version: str, group: str | None, connect_timeout: float, **flags: str | None
+) -> int:
+    async def action(fc: ForgeClient) -> int:
+        r = await fc.revert(job_id, version, group)
+        print(f"{job_id}: reverted to {version}; {output.job_result_line(r)}")
+        return 0
+
+    return remote(settings(**flags), connect_timeout, action, reads_store=True)
 
 
 @job.command(short_help="stop a job (release its replicas)")
@@ -240,6 +286,101 @@ def history(job_id: str, store: str | None, cluster: str | None, as_json: bool) 
                 f"{mark} {v.group:<16} v{v.number:<4} {v.version}  rev {v.revision:<6} {v.changed}"
             )
     return 0
+
+
+@job.command(
+    "status",
+    short_help="a job's groups: replicas per version, the rollout and why it waits",
+    help=(
+        "For each group of JOB: how many replicas run each version (healthy = "
+        "reported running / placed = bound / desired), and its rollout (the phase, the "
+        "versions it moves between, why it waits) as the loop last published it; read "
+        "from the store the worker persists to."
+    ),
+)
+@click.argument("job_id", metavar="JOB", type=NAME)
+@store_option
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="print a JSON document")
+def status_(job_id: str, store: str | None, cluster: str | None, as_json: bool) -> int:
+    from forge.client import reads
+
+    s = settings(store=store, cluster=cluster)
+    url = s.store_url
+    opened = open_existing_store(url)
+    try:
+        current = store_call(lambda: opened.get_job(s.cluster, job_id), url)
+        versions = store_call(lambda: opened.group_versions(s.cluster, job_id), url)
+        bound = [a for a in store_call(lambda: reads.all_assignments(opened, s.cluster), url)]
+        doc = store_call(lambda: reads.published(opened, s.cluster), url)
+    finally:
+        opened.close()
+    if current is None:
+        print(f"forge: no job {job_id!r} in cluster {s.cluster}", file=sys.stderr)
+        return 2
+    rollouts = {r.group: r for r in doc.rollouts} if doc is not None else {}
+    groups = [
+        _group_status(current, g.name, versions, bound, rollouts.get(f"{job_id}/{g.name}"))
+        for g in current.groups
+    ]
+    if as_json:
+        print_json({"job": job_id, "groups": groups})
+        return 0
+    for g in groups:
+        number = f"v{g['number']}" if g["number"] else "?"
+        print(f"{job_id}/{g['group']}: desired {g['desired']}, version {number} ({g['version']})")
+        for v in g["versions"]:
+            label = f"v{v['number']}" if v["number"] else "unversioned"
+            mark = "*" if v["current"] else " "
+            print(
+                f"  {mark} {label:<12} {v['version'] or '-':<18} healthy {v['healthy']} / "
+                f"placed {v['placed']} / desired {v['desired']}"
+            )
+        r = g["rollout"]
+        if r is None:
+            print("  no rollout")
+        else:
+            promoted = ", promoted" if r["promoted"] else ""
+            print(f"  rollout: {r['phase']} to {r['version']} from {r['previous']}{promoted}")
+            if r["waiting"]:
+                print(f"  waiting: {r['waiting']}")
+    return 0
+
+
+def _group_status(
+    job: Job,
+    group: str,
+    versions: Sequence[GroupVersion],
+    bound: Sequence[Assignment],
+    rollout: RolloutView | None,
+) -> dict[str, Any]:
+    """One group's replicas per version and its rollout, as plain data (the JSON)."""
+    g = job.group(group)
+    assert g is not None
+    numbers = {v.version: v.number for v in versions if v.group == group}  # the latest wins
+    mine = [a for a in bound if a.group == group]
+    seen = sorted({a.version for a in mine} | {g.version}, key=lambda v: (numbers.get(v, 0), v))
+    rows = []
+    for v in seen:
+        on = [a for a in mine if a.version == v]
+        rows.append(
+            {
+                "version": v,
+                "number": numbers.get(v, 0),
+                "healthy": sum(a.status is AssignmentStatus.RUNNING for a in on),
+                "placed": len(on),
+                "desired": g.scaling.desired if v == g.version else 0,
+                "current": v == g.version,
+            }
+        )
+    return {
+        "group": group,
+        "desired": g.scaling.desired,
+        "version": g.version,
+        "number": numbers.get(g.version, 0),
+        "versions": rows,
+        "rollout": rollout.model_dump(mode="json") if rollout is not None else None,
+    }
 
 
 COMMANDS = [job]

@@ -43,7 +43,8 @@ from forge.client.limits import (
 from forge.client.limits import batches as _batches
 from forge.client.limits import check_size as _check_size
 from forge.client.search_attributes import SEARCH_ATTRIBUTES, ensure_search_attributes
-from forge.core.models import Job, Node
+from forge.core.models import Job, Node, TaskGroup
+from forge.core.versions import with_tasks_of
 from forge.errors import InvalidInput
 from forge.settings import Settings
 from forge.stores.base import Store
@@ -245,6 +246,42 @@ class ForgeClient:
             c.UPDATE_STOP_JOB, c.StopJob(job_id=job_id), c.JobResult
         )
         return result
+
+    async def promote(self, job_id: str, group: str | None = None) -> list[str]:
+        """Release the canary hold of the job's rollouts (one group's, with ``group``);
+        returns the groups promoted (``job/group``). Refused, naming it, when no
+        rollout of the job (or group) waits for a promotion."""
+        res: c.PromoteResult = await self._update(
+            c.UPDATE_PROMOTE, c.Promote(job_id=job_id, group=group), c.PromoteResult
+        )
+        return res.promoted
+
+    async def revert(self, job_id: str, version: str, group: str | None = None) -> c.JobResult:
+        """Submit the job with its groups' tasks as they were at ``version`` (a number
+        as ``forge job history`` shows it, ``3`` or ``v3``, or a version digest), as
+        a new version that rolls out like any change. Every group that has such a
+        version, or only ``group``. ``InvalidInput`` if none has it."""
+        store = self._need_store("revert")
+        versions = await asyncio.to_thread(store.group_versions, self.cluster, job_id)
+        job = await asyncio.to_thread(store.get_job, self.cluster, job_id)
+        if job is None:
+            raise InvalidInput(f"unknown job {job_id!r}")
+        if group is not None and job.group(group) is None:
+            raise InvalidInput(f"job {job_id!r} has no group {group!r}")
+        number = version.removeprefix("v")
+        chosen: dict[str, TaskGroup] = {}
+        for v in versions:
+            if group is not None and v.group != group:
+                continue
+            if v.version == version or (number.isdigit() and v.number == int(number)):
+                chosen[v.group] = v.spec
+        chosen = {g: spec for g, spec in chosen.items() if job.group(g) is not None}
+        if not chosen:
+            where = f"{job_id}/{group}" if group is not None else f"job {job_id!r}"
+            raise InvalidInput(f"{where} has no version {version!r} (see forge job history)")
+        for g, spec in sorted(chosen.items()):
+            job = with_tasks_of(job, g, spec)
+        return await self.submit_job(job)
 
     async def report_failed(
         self, workload_ids: Sequence[str], *, on: Mapping[str, str] | None = None

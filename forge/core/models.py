@@ -85,6 +85,8 @@ __all__ = [
     "Float",
     "GpuDevice",
     "GpuRequest",
+    "HealthCheck",
+    "HttpCheck",
     "Int",
     "Job",
     "Memory",
@@ -101,6 +103,7 @@ __all__ = [
     "Taint",
     "Task",
     "TaskGroup",
+    "TcpCheck",
     "Toleration",
     "UpdatePolicy",
     "is_valid_name",
@@ -155,12 +158,48 @@ PortName = Annotated[
 STOP_GRACE = 10.0
 
 
+class HttpCheck(Model):
+    """Healthy when ``GET http://127.0.0.1:<port><path>`` answers ``status``."""
+
+    port: PortName | Annotated[int, Strict(), Field(ge=1, le=65535)]
+    path: Annotated[str, Field(pattern=r"^/[^\s]*$", max_length=256)] = "/"
+    status: Annotated[int, Strict(), Field(ge=100, le=599)] = 200
+
+
+class TcpCheck(Model):
+    """Healthy when a TCP connection to ``127.0.0.1:<port>`` opens."""
+
+    port: PortName | Annotated[int, Strict(), Field(ge=1, le=65535)]
+
+
+class HealthCheck(Model):
+    """How the agent tells that a running task is healthy: exactly one of ``http``,
+    ``tcp`` or ``command`` (exit 0), every ``interval`` seconds, each given
+    ``timeout`` seconds. A port may be one of the task's named ports."""
+
+    http: HttpCheck | None = None
+    tcp: TcpCheck | None = None
+    command: tuple[ShortStr, ...] | None = Field(default=None, min_length=1, max_length=MAX_ARGS)
+    interval: Annotated[float, Strict(), Field(gt=0, le=3600)] = 10.0
+    timeout: Annotated[float, Strict(), Field(gt=0, le=600)] = 2.0
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        kinds = [k for k in ("http", "tcp", "command") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                "check: give exactly one of http, tcp or command"
+                + (f" (got {', '.join(kinds)})" if kinds else "")
+            )
+        return self
+
+
 class Task(Evolving):
     """One process of a replica. ``ports`` and ``stop_grace`` came after recorded
     histories and stored jobs: left at their defaults they are not dumped, so an
     existing job's JSON (and every digest over it) stays byte-identical."""
 
-    _new_fields = ("ports", "stop_grace")
+    _new_fields = ("ports", "stop_grace", "check")
 
     name: Name
     command: tuple[ShortStr, ...] | None = Field(default=None, max_length=MAX_ARGS)
@@ -169,6 +208,17 @@ class Task(Evolving):
     resources: Resources
     ports: tuple[PortName, ...] = Field(default=(), max_length=32)
     stop_grace: Annotated[float, Strict(), Field(ge=0, le=3600)] = STOP_GRACE
+    check: HealthCheck | None = None
+
+    @model_validator(mode="after")
+    def _check_port_named(self) -> Self:
+        if self.check is None:
+            return self
+        probe = self.check.http or self.check.tcp
+        port = probe.port if probe is not None else None
+        if isinstance(port, str) and port.upper() not in {p.upper() for p in self.ports}:
+            raise ValueError(f"check port {port!r} is not one of the task's ports")
+        return self
 
     @field_validator("ports")
     @classmethod

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from forge.core.models import Assignment, Job, Node, TaskGroup
 from forge.errors import Conflict, ForgeError
@@ -136,6 +136,18 @@ class TaskReport(_Wire):
         description="the node the replica ran on ('' = not said): a failure for a "
         "replica bound elsewhere by now is ignored",
     )
+    healthy: bool | None = Field(
+        default=None,
+        description="a running replica's health check passed (True) or failed (False); "
+        "None: its task declares no check (left out of the JSON then)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and self.healthy is None:
+            data.pop("healthy", None)
+        return data
 
 
 def delta_digest(delta: Delta) -> str:

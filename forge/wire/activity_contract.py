@@ -12,11 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.core.models import Assignment, AssignmentStatus, Job, Node
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
 from forge.stores.base import Delta
 
 __all__ = [
     "ACT_FENCE",
+    "ACT_GROUP_SPEC",
     "ACT_JOB_CHANGES",
     "ACT_METRICS",
     "ACT_PERSIST",
@@ -28,6 +29,8 @@ __all__ = [
     "AssignmentRows",
     "BindRow",
     "ClusterRef",
+    "GroupSpecIn",
+    "GroupSpecOut",
     "JobChangesIn",
     "MetricsIn",
     "MetricsOut",
@@ -54,6 +57,7 @@ ACT_PERSIST = "forge.persist"
 ACT_WATCH = "forge.watch"
 ACT_READ_REPORTS = "forge.read_reports"
 ACT_METRICS = "forge.metrics"
+ACT_GROUP_SPEC = "forge.group_spec"
 
 #: (job, group, ordinal, node, gpu_ids, cpu, memory, status[, gpu_milli]): the share
 #: of a shared GPU only when there is one, so rows (and digests) of whole-device
@@ -158,6 +162,19 @@ class MetricsIn(_Msg):
 
 class MetricsOut(_Msg):
     usage: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+
+class GroupSpecIn(_Msg):
+    """A group's task spec at a version (a revert's target)."""
+
+    cluster: str
+    job_id: str
+    group: str
+    version: str
+
+
+class GroupSpecOut(_Msg):
+    spec: TaskGroup | None = Field(default=None, description="None: the store has no such version")
 
 
 def row_from_assignment(a: Assignment) -> BindRow:

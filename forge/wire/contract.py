@@ -8,9 +8,9 @@ wire change.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from forge.core.autoscale import AutoscaleState
 from forge.core.models import MAX_REPLICAS, Job, Name, Node
@@ -34,6 +34,7 @@ __all__ = [
     "SIGNAL_REMOVE_NODE",
     "TASK_QUEUE",
     "UPDATE_DRAIN_NODE",
+    "UPDATE_PROMOTE",
     "UPDATE_REPORT_FAILED",
     "UPDATE_SCALE",
     "UPDATE_STOP_JOB",
@@ -56,12 +57,15 @@ __all__ = [
     "NodeRef",
     "NodeView",
     "PendingView",
+    "Promote",
+    "PromoteResult",
     "RegisterNodes",
     "RegisterOp",
     "RemoveOp",
     "ReportFailed",
     "ReportFailedResult",
     "ResourceView",
+    "RolloutView",
     "ScaleGroup",
     "StatusView",
     "StopJob",
@@ -84,6 +88,7 @@ UPDATE_SCALE = "scale"
 UPDATE_STOP_JOB = "stop_job"
 UPDATE_DRAIN_NODE = "drain_node"
 UPDATE_REPORT_FAILED = "report_failed"
+UPDATE_PROMOTE = "promote"
 
 QUERY_STATUS = "status"
 QUERY_ASSIGNMENTS = "assignments"
@@ -257,6 +262,17 @@ class ReportFailed(_Msg):
     )
 
 
+class Promote(_Msg):
+    """Release a canary's hold: the group's rollout goes on past its canaries."""
+
+    job_id: str
+    group: str | None = Field(default=None, description="None: every group of the job waiting")
+
+
+class PromoteResult(_Msg):
+    promoted: list[str] = Field(description="the groups promoted, as job/group")
+
+
 class JobResult(_Msg):
     job_id: str
     revision: int
@@ -343,6 +359,19 @@ class StatusView(_Msg):
     )
 
 
+class RolloutView(_Msg):
+    """One group's rollout as the loop last planned it."""
+
+    group: str = Field(description="job/group")
+    version: str = Field(description="the version the group moves to")
+    previous: str = Field(description="the last version that was healthy (revert target)")
+    phase: str = Field(description="rolling, awaiting-promotion, failed, revert")
+    waiting: str = Field(default="", description="why nothing more happens now")
+    promoted: bool = False
+    healthy: int = Field(default=0, description="replicas healthy now, any version")
+    updated: int = Field(default=0, description="replicas on the new version counted healthy")
+
+
 class LoopStatus(_Msg):
     """What the loop publishes each pass that changed something: written to the
     store in the same transaction as the pass's delta, so a reader of the store
@@ -365,6 +394,18 @@ class LoopStatus(_Msg):
         description="forge.stores.base.state_digest of the workflow's bindings after the "
         "pass: equal to the store's own when the store holds exactly those bindings",
     )
+    rollouts: list[RolloutView] = Field(
+        default_factory=list,
+        description="rolling updates in progress (left out of the JSON when there are none: "
+        "the status is in the persist digest, which recorded histories must reproduce)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_rollouts(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and not self.rollouts:
+            data.pop("rollouts", None)
+        return data
 
 
 class AssignmentsQuery(_Msg):

@@ -16,6 +16,7 @@ from typing import Literal, NamedTuple
 from forge.core.models import Assignment, Job, Node
 from forge.core.placement import Binding, Cluster, Rejection, explain_node, rejection_text
 from forge.core.reconcile import PendingEntry, Plan
+from forge.core.rolling import RolloutPlan
 from forge.stores.base import TaskReport
 from forge.wire import contract as c
 
@@ -38,6 +39,7 @@ __all__ = [
     "pass_text",
     "pending_reasons",
     "pending_views",
+    "rollout_views",
     "status_view",
 ]
 
@@ -169,6 +171,31 @@ def loop_status(
         notices=list(notices),
         state_digest=state_digest,
     )
+
+
+def rollout_views(rp: RolloutPlan | None) -> list[c.RolloutView]:
+    """The rollouts a pass keeps (in group order), with its step's phase and wait."""
+    if rp is None:
+        return []
+    out: list[c.RolloutView] = []
+    for name, r in sorted(rp.rollouts.items()):
+        s = rp.steps.get(name)
+        phase = "failed" if r.failed else (str(s.phase) if s is not None else "rolling")
+        if r.failed and r.revert_asked:
+            phase = "revert"
+        out.append(
+            c.RolloutView(
+                group=name,
+                version=r.rollout.version,
+                previous=r.rollout.previous,
+                phase=phase,
+                waiting=r.failed or (s.waiting if s is not None else ""),
+                promoted=r.rollout.promoted,
+                healthy=s.healthy if s is not None else 0,
+                updated=s.updated if s is not None else 0,
+            )
+        )
+    return out
 
 
 def explanation(

@@ -8,8 +8,11 @@ from temporalio.testing import WorkflowEnvironment
 from forge.wire.codec import data_converter
 
 
-@pytest_asyncio.fixture(scope="session")
+@pytest_asyncio.fixture
 async def skipping_env(test_server_bin: str) -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own. Shared, one test's workflow that is
+    still running an activity (the store watch) keeps the clock locked for the next:
+    ``env.sleep(300)`` then waits 300 real seconds and its RPC times out."""
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=test_server_bin, data_converter=data_converter()
     )

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "PATCH_DROPPED_SIGNALS",
+    "PATCH_PLACEMENT_V2",
     "PATCH_PUBLISH",
     "PATCH_ROLLOUTS",
     "PATCH_ROLLOUTS_2",
@@ -74,6 +75,10 @@ PATCH_ROLLOUTS = "rollouts-1"
 #: Rollouts in the published status and the details; a failed rollout with
 #: auto_revert submits the previous version's spec (read from the store).
 PATCH_ROLLOUTS_2 = "rollouts-2"
+#: Placement version 2 in the loop (GPU reservation, GPU jobs first, fractional
+#: GPUs placed to keep devices whole), with the carry. Before it: version 1, and a
+#: run whose options asked version 2 planned every pass without the carry.
+PATCH_PLACEMENT_V2 = "placement-v2"
 
 
 class DivergenceError(RuntimeError):
@@ -217,6 +222,14 @@ class ClusterWorkflow(Handlers):
         rolling = workflow.patched(PATCH_ROLLOUTS)
         if rolling:
             options = options.model_copy(update={"rollouts": True})
+        # -- placement-v2 (begin) --
+        carry = st.carry if bounded else None
+        if workflow.patched(PATCH_PLACEMENT_V2):
+            if options.placement_version < 2:
+                options = options.model_copy(update={"placement_version": 2})
+        elif options.placement_version >= 2:
+            carry = None  # what version 2 did before it kept the carry
+        # -- placement-v2 (end) --
         with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
             started = time.perf_counter()
         plan = reconcile(
@@ -229,7 +242,7 @@ class ClusterWorkflow(Handlers):
             capacity_changed=st.capacity_changed,
             now=now,
             options=options,
-            carry=st.carry if bounded else None,
+            carry=carry,
             rollouts=st.rollouts,
             since=st.since,
             promoted=st.promoted,

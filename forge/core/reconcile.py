@@ -140,10 +140,6 @@ def reconcile(
             new_failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
 
     # 1. release --------------------------------------------------------------------
-    if options.placement_version >= 2:
-        # the GPU reservation changes within a pass (lifted, re-admitted nodes):
-        # placement version 2 starts from the bindings every pass
-        carry = None
     if carry is None:
         cluster = Cluster(list(nodes.values()), gpu_reserve=options.effective_gpu_reserve)
         plan = Plan(bindings={})
@@ -153,6 +149,9 @@ def reconcile(
         )
     else:
         cluster = carry.cluster
+        # the reservation as a cluster built for this pass has it (a carry loaded
+        # page by page starts without one; passes restore a lift when they end)
+        cluster.reserve_gpus(options.effective_gpu_reserve)
         plan = Plan(bindings=carry.bindings)
         checked = release_changed(
             carry, jobs, nodes, groups, failed_set, node_ok, release, options.rollouts
@@ -362,6 +361,8 @@ def reconcile(
     plan.next_wake = wake
     plan.released.sort()
     plan.work = placer.work + visited + release_work
+    # a lift holds for this pass only: the carry leaves with the reservation restored
+    cluster.reserve_gpus(options.effective_gpu_reserve)
     if carry is None:
         carry = Carry.build(jobs, nodes, cluster, plan.bindings)
     else:

@@ -223,7 +223,9 @@ class Placer:
     def lift_reservation(self) -> None:
         """Drop every node's GPU reservation for the rest of the pass (no GPU work
         is waiting for it). The nodes it held back are re-admitted for classes of
-        work without GPUs, as after a GPU placement."""
+        work without GPUs, as after a GPU placement. The cluster remembers it
+        (``Cluster.lifted``) so a carried cluster is restored before its next pass."""
+        self.cluster.lifted = True
         for node in self.cluster.nodes:
             if node.reserve:
                 node.reserve = 0

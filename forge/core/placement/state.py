@@ -260,13 +260,16 @@ class Cluster:
     memory each free GPU keeps from work that asks no GPU (module docstring).
     """
 
-    __slots__ = ("by_id", "gpu_reserve", "nodes")
+    __slots__ = ("by_id", "gpu_reserve", "lifted", "nodes")
 
     def __init__(self, nodes: list[Node], *, gpu_reserve: int = 0) -> None:
         if not 0 <= gpu_reserve <= 1000:
             raise ValueError(f"gpu_reserve is per mille (0..1000), got {gpu_reserve}")
         ordered = sorted(nodes, key=lambda n: n.id)
         self.gpu_reserve = gpu_reserve
+        #: a placer lifted the reservation (for the rest of its pass): the cluster is
+        #: not what ``gpu_reserve`` says until :meth:`reserve_gpus` restores it
+        self.lifted = False
         self.nodes = []
         for i, n in enumerate(ordered):
             self.nodes.append(self._alloc(n, i))
@@ -285,6 +288,27 @@ class Cluster:
         if a.reserve:
             a._reserve()
         return a
+
+    def reserve_gpus(self, gpu_reserve: int) -> None:
+        """Make the GPU reservation ``gpu_reserve`` per mille on every GPU node, from
+        what the nodes hold now: the state a cluster built with it and holding the
+        same bindings has. A carried cluster is brought back to it between passes
+        (a pass may lift the reservation, a carry may start without one). O(nodes)
+        when it changes anything, free otherwise."""
+        if gpu_reserve == self.gpu_reserve and not self.lifted:
+            return
+        if not 0 <= gpu_reserve <= 1000:
+            raise ValueError(f"gpu_reserve is per mille (0..1000), got {gpu_reserve}")
+        self.gpu_reserve = gpu_reserve
+        self.lifted = False
+        for a in self.nodes:
+            if not a.node.gpus:
+                continue
+            a.reserve = gpu_reserve
+            if gpu_reserve:
+                a._reserve()
+            else:
+                a.res_cpu = a.res_mem = 0
 
     def refresh(self, nodes: dict[str, Node], changed: set[str]) -> None:
         """Bring the allocations up to date with ``nodes``: a changed or new node

@@ -207,3 +207,37 @@ def _exists(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_checked_task_reports_each_change_of_its_health_verdict(store, tmp_path) -> None:
+    flag = tmp_path / "ok"
+    check = {
+        "command": [
+            PY,
+            "-c",
+            f"import os, sys; sys.exit(0 if os.path.exists({str(flag)!r}) else 1)",
+        ],
+        "interval": 0.05,
+        "timeout": 5.0,
+    }
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    wid = binder.bind(command_job("web", SLEEP, check=check), 0, "n1")
+    plain = binder.bind(command_job("plain", SLEEP), 0, "n1")
+
+    def verdicts() -> list[bool | None]:
+        found = store.reports_since("default", 0)
+        return [r.healthy for r in found if r.workload_id == wid and r.cpu is None]
+
+    until(lambda: verdicts() == [None, False], step=agent.step)  # started, then failing
+    flag.touch()
+    until(lambda: verdicts() == [None, False, True], step=agent.step)
+    for _ in range(5):
+        agent.step()  # no change: nothing more to say
+    assert verdicts() == [None, False, True]
+    flag.unlink()
+    until(lambda: verdicts() == [None, False, True, False], step=agent.step)
+    assert all(
+        r.healthy is None for r in store.reports_since("default", 0) if r.workload_id == plain
+    )
+    agent.shutdown(stop_tasks=True)

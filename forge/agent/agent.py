@@ -90,6 +90,9 @@ class Agent:
         self.checker = Checker()
         self._checks: dict[str, list[tuple[str, HealthCheck]]] = {}
         self._healthy: dict[str, bool] = {}
+        # the group version each replica was started for: a binding of the same
+        # replica on another version (a rolling update) replaces the process
+        self._versions: dict[str, str] = {}
         self._adopt()
 
     # -- start-up -------------------------------------------------------------------
@@ -180,20 +183,15 @@ class Agent:
         sup = self.supervisor
         self._jobs = {}  # read afresh each step: a binding may be of a changed spec
         for wid in sorted(set(sup.replicas) - set(mine)):
-            if wid not in self._released:
-                self._released.add(wid)
-                why = "adopted, not bound here" if wid in self._adopted else "binding released"
-                log.info("agent.stopping", workload=wid, why=why)
-                sup.stop(wid)
-            if sup.stopped(wid):
-                self._forget_checks(wid)
-                sup.forget(wid)
-                self.sampler.forget(wid)
-                self.usage.pop(wid, None)
-                self._released.discard(wid)
-                self._adopted.discard(wid)
+            why = "adopted, not bound here" if wid in self._adopted else "binding released"
+            self._retire(wid, why)
         for wid, a in sorted(mine.items()):
             replica = sup.replicas.get(wid)
+            if replica is not None and self._versions.setdefault(wid, a.version) != a.version:
+                # bound again on another version (a rolling update): stop, then start
+                if not self._retire(wid, f"new version {a.version}"):
+                    continue
+                replica = None
             if replica is not None:
                 replica.cpu, replica.memory = a.cpu, a.memory
                 if wid not in self._checks:  # adopted: its checks are learnt here
@@ -214,6 +212,7 @@ class Agent:
                 continue  # the job is gone: the loop releases the binding next
             self._forget_checks(wid)
             self._checks[wid] = _checks_of(group)
+            self._versions[wid] = a.version
             event = sup.start(wid, group, a.cpu, a.memory)
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
@@ -233,6 +232,25 @@ class Agent:
                 node=self.node.id,
             )
         )
+
+    def _retire(self, wid: str, why: str) -> bool:
+        """Stop a replica that is no longer bound as it runs; True once it has
+        stopped and is forgotten."""
+        sup = self.supervisor
+        if wid not in self._released:
+            self._released.add(wid)
+            log.info("agent.stopping", workload=wid, why=why)
+            sup.stop(wid)
+        if not sup.stopped(wid):
+            return False
+        self._forget_checks(wid)
+        sup.forget(wid)
+        self.sampler.forget(wid)
+        self.usage.pop(wid, None)
+        self._versions.pop(wid, None)
+        self._released.discard(wid)
+        self._adopted.discard(wid)
+        return True
 
     def _forget_checks(self, wid: str) -> None:
         for name, _ in self._checks.pop(wid, []):

@@ -467,6 +467,11 @@ async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_cr
         watch.versions.clear()
         await cl.fc.submit_job(v2)
         await eventually(settled, all_on(ver2), timeout=90, what="6 replicas of v2")
+        # done once the last new replica has been healthy min_healthy_time (the store
+        # says v2 as soon as it is bound, before its agent has replaced the process)
+        await eventually(
+            cl.fc.published, lambda d: d is not None and not d.rollouts, what="rollout done"
+        )
         assert min(watch.answering) >= 5, watch.answering
         assert len(watch.answering) > 10  # polled through the whole rollout
         assert all(sum(v.values()) == 6 for v in watch.versions)
@@ -474,12 +479,6 @@ async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_cr
         assert [a.version for a in cl.bindings("roll")] == [ver2] * 6
         after = {pid for pids in cl.processes("roll").values() for pid in pids}
         assert len(after) == 6 and not before & after
-
-        # the rollout ends once the last replica has been healthy min_healthy_time
-        await eventually(
-            cl.fc.published, lambda d: d is not None and not d.rollouts, what="rollout done"
-        )
-
         # a version whose command exits at once: stopped after its first wave, and
         # the group goes back to v2 (auto_revert), all 6 healthy
         bad = _roll("3", code="raise SystemExit(3)")

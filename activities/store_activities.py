@@ -245,14 +245,24 @@ class StoreActivities:
         reports = reports[: within_bytes(reports, _json_len)]
         latest: dict[str, str] = {}
         nodes: dict[str, str] = {}
+        health: dict[str, bool] = {}
         for r in reports:
             latest[r.workload_id] = r.status
+            if r.healthy is not None:
+                health[r.workload_id] = r.healthy
+            elif r.status != "running":
+                health.pop(r.workload_id, None)  # ended: its verdict is over
             if r.node:
                 nodes[r.workload_id] = r.node
             else:
                 nodes.pop(r.workload_id, None)
         last = reports[-1].seq if reports else req.seq
-        return ReportsOut(statuses=sorted(latest.items()), last_seq=last, nodes=nodes)
+        return ReportsOut(
+            statuses=sorted(latest.items()),
+            last_seq=last,
+            nodes=nodes,
+            health=dict(sorted(health.items())),
+        )
 
     @activity.defn(name=ACT_METRICS)
     @heartbeating

@@ -50,6 +50,7 @@ __all__ = [
     "PATCH_PUBLISH",
     "PATCH_ROLLOUTS",
     "PATCH_ROLLOUTS_2",
+    "PATCH_ROLLOUTS_3",
     "PATCH_WORK_BUDGET",
     "ClusterWorkflow",
     "DivergenceError",
@@ -75,6 +76,9 @@ PATCH_ROLLOUTS = "rollouts-1"
 #: Rollouts in the published status and the details; a failed rollout with
 #: auto_revert submits the previous version's spec (read from the store).
 PATCH_ROLLOUTS_2 = "rollouts-2"
+#: Health checks: a replica of a group that declares a check counts healthy for
+#: its rollout only once the agent reports its check passed.
+PATCH_ROLLOUTS_3 = "rollouts-3"
 #: Placement version 2 in the loop (GPU reservation, GPU jobs first, fractional
 #: GPUs placed to keep devices whole), with the carry. Before it: version 1, and a
 #: run whose options asked version 2 planned every pass without the carry.
@@ -222,6 +226,10 @@ class ClusterWorkflow(Handlers):
         rolling = workflow.patched(PATCH_ROLLOUTS)
         if rolling:
             options = options.model_copy(update={"rollouts": True})
+        checks = rolling and workflow.patched(PATCH_ROLLOUTS_3)
+        if checks:
+            options = options.model_copy(update={"health_checks": True})
+            st.take_health(now)
         # -- placement-v2 (begin) --
         carry = st.carry if bounded else None
         if workflow.patched(PATCH_PLACEMENT_V2):
@@ -246,6 +254,7 @@ class ClusterWorkflow(Handlers):
             rollouts=st.rollouts,
             since=st.since,
             promoted=st.promoted,
+            health=st.health,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started
@@ -298,7 +307,7 @@ class ClusterWorkflow(Handlers):
         st.pending = plan.pending
         st.deferred = plan.deferred
         st.failures = plan.failures
-        st.commit_rollouts(plan, status_changed, now)
+        st.commit_rollouts(plan, status_changed, now, checks)
         revert = plan.rollouts.revert if plan.rollouts is not None else {}
         st.failed = {}
         st.status_updates = {}

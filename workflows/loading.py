@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.core.models import AssignmentStatus, Job, Node, workload_id
     from forge.core.placement import Binding
     from forge.core.reconcile import Carry
+    from forge.stores.base import group_of
     from forge.wire import activity_contract as ac
 
 __all__ = ["autoscale", "load_bindings", "load_jobs", "load_nodes", "load_reports"]
@@ -103,6 +104,13 @@ async def load_reports(st: LoopState) -> None:
             elif status == "running" and b.status is AssignmentStatus.PENDING:
                 b.status = AssignmentStatus.RUNNING
                 st.status_updates = {**st.status_updates, wid: status}
+        for wid, ok in out.health.items():
+            b = st.bindings.get(wid)
+            if b is None or out.nodes.get(wid, b.node) != b.node:
+                continue
+            if group_of(wid) in st.rollouts and st.health.get(wid) is not ok:
+                st.health[wid] = ok  # only rolling groups' replicas: bounded
+                st.health_changed[wid] = None
         if out.last_seq <= st.reports_seq:
             break
         st.reports_seq = out.last_seq

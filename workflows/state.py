@@ -67,6 +67,11 @@ class LoopState:
     promoted: dict[str, None] = field(default_factory=dict)
     rollout_wake: float | None = None
     rollout_waiting: dict[str, str] = field(default_factory=dict)  # why, for the details
+    # health checks (rollouts-3): the check verdicts of rolling groups' replicas
+    # (False from placement until the agent reports it passed), and the replicas
+    # whose verdict the reports changed since the last pass
+    health: dict[str, bool] = field(default_factory=dict)
+    health_changed: dict[str, None] = field(default_factory=dict)
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -90,6 +95,7 @@ class LoopState:
             last_dropped=cp.last_dropped,
             rollouts=dict(cp.rollouts),
             since=dict(cp.since),
+            health=dict(cp.health),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -113,6 +119,7 @@ class LoopState:
             last_dropped=self.last_dropped,
             rollouts=self.rollouts,
             since=self.since,
+            health=self.health,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:
@@ -173,9 +180,12 @@ class LoopState:
         self.nodes[op.node_id] = changed
         upsert[op.node_id] = changed
 
-    def commit_rollouts(self, plan: Plan, running: list[str], now: float) -> None:
-        """Keep what the pass decided about rollouts; ``since`` only for the replicas
-        of groups still rolling (it must not grow with the cluster)."""
+    def commit_rollouts(
+        self, plan: Plan, running: list[str], now: float, checks: bool = False
+    ) -> None:
+        """Keep what the pass decided about rollouts; ``since`` (and, with
+        ``checks``, ``health``) only for the replicas of groups still rolling (they
+        must not grow with the cluster)."""
         rp = plan.rollouts
         if rp is None:
             return
@@ -201,6 +211,21 @@ class LoopState:
         for w in running:
             since[w] = now
         self.since = {w: t for w, t in since.items() if group_of(w) in self.rollouts}
+        self.health_changed = {}
+        if not checks:
+            return
+        health = dict(self.health)
+        for w, _ in plan.released:
+            health.pop(w, None)
+        for b in plan.placed:
+            health[b.workload_id] = False  # healthy once the agent says its check passed
+        self.health = {w: v for w, v in health.items() if group_of(w) in self.rollouts}
+
+    def take_health(self, now: float) -> None:
+        """Verdicts heard since the last pass: a replica's health begins now."""
+        for w in self.health_changed:
+            if w in self.health:
+                self.since[w] = now
 
     def state_after(self, plan: Plan) -> int:
         """The bindings hash after ``plan``, from its changes alone."""

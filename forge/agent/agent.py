@@ -10,6 +10,10 @@ left ended until the loop releases its binding (and, by its reschedule policy,
 binds it again here or elsewhere). So a replica runs at most once per binding,
 and backoff and restart limits stay the loop's.
 
+A task that declares a ``check`` is checked while its replica runs (``Checker``,
+at the check's interval); each change of the replica's verdict (every checked
+task passing, or not) is a task report with ``healthy``, in order with the rest.
+
 When the store cannot be read the agent changes nothing: running tasks keep
 running and reports queue (``Reporter``) until it is back.
 """
@@ -23,12 +27,13 @@ from dataclasses import dataclass
 import structlog
 
 from forge.agent.config import AgentConfig
+from forge.agent.health import Checker
 from forge.agent.logfiles import rotate_if_needed
 from forge.agent.reporter import Reporter
 from forge.agent.state import StateFile
 from forge.agent.supervisor import Event, Supervisor
 from forge.agent.usage import UsageSampler
-from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
+from forge.core.models import Assignment, HealthCheck, Job, Node, NodeState, TaskGroup
 from forge.stores.base import Store, TaskReport
 
 __all__ = ["Agent", "ReplicaView", "find_node"]
@@ -81,6 +86,13 @@ class Agent:
         self.usage: dict[str, tuple[float, float]] = {}
         self.messages: dict[str, str] = {}
         self.store_ok = True
+        # health checks: per replica, its checked tasks and the verdict last reported
+        self.checker = Checker()
+        self._checks: dict[str, list[tuple[str, HealthCheck]]] = {}
+        self._healthy: dict[str, bool] = {}
+        # the group version each replica was started for: a binding of the same
+        # replica on another version (a rolling update) replaces the process
+        self._versions: dict[str, str] = {}
         self._adopt()
 
     # -- start-up -------------------------------------------------------------------
@@ -106,6 +118,7 @@ class Agent:
             self._converge(mine)
         for event in self.supervisor.poll():
             self._report(event)
+        self._check_health()
         if now - self._last_memory_check >= min(self.config.usage_every, 2.0):
             self._last_memory_check = now
             self._check_memory()
@@ -170,21 +183,25 @@ class Agent:
         sup = self.supervisor
         self._jobs = {}  # read afresh each step: a binding may be of a changed spec
         for wid in sorted(set(sup.replicas) - set(mine)):
-            if wid not in self._released:
-                self._released.add(wid)
-                why = "adopted, not bound here" if wid in self._adopted else "binding released"
-                log.info("agent.stopping", workload=wid, why=why)
-                sup.stop(wid)
-            if sup.stopped(wid):
-                sup.forget(wid)
-                self.sampler.forget(wid)
-                self.usage.pop(wid, None)
-                self._released.discard(wid)
-                self._adopted.discard(wid)
+            why = "adopted, not bound here" if wid in self._adopted else "binding released"
+            self._retire(wid, why)
         for wid, a in sorted(mine.items()):
             replica = sup.replicas.get(wid)
+            if replica is not None and self._versions.setdefault(wid, a.version) != a.version:
+                # bound again on another version (a rolling update): stop, then start
+                if not self._retire(wid, f"new version {a.version}"):
+                    continue
+                replica = None
             if replica is not None:
                 replica.cpu, replica.memory = a.cpu, a.memory
+                if wid not in self._checks:  # adopted: its checks are learnt here
+                    try:
+                        adopted = self._group(a)
+                    except Exception as err:
+                        log.warning("agent.job_unreadable", job=a.job, error=str(err))
+                        continue
+                    if adopted is not None:
+                        self._checks[wid] = _checks_of(adopted)
                 continue
             try:
                 group = self._group(a)
@@ -193,6 +210,9 @@ class Agent:
                 continue
             if group is None:
                 continue  # the job is gone: the loop releases the binding next
+            self._forget_checks(wid)
+            self._checks[wid] = _checks_of(group)
+            self._versions[wid] = a.version
             event = sup.start(wid, group, a.cpu, a.memory)
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
@@ -212,6 +232,59 @@ class Agent:
                 node=self.node.id,
             )
         )
+
+    def _retire(self, wid: str, why: str) -> bool:
+        """Stop a replica that is no longer bound as it runs; True once it has
+        stopped and is forgotten."""
+        sup = self.supervisor
+        if wid not in self._released:
+            self._released.add(wid)
+            log.info("agent.stopping", workload=wid, why=why)
+            sup.stop(wid)
+        if not sup.stopped(wid):
+            return False
+        self._forget_checks(wid)
+        sup.forget(wid)
+        self.sampler.forget(wid)
+        self.usage.pop(wid, None)
+        self._versions.pop(wid, None)
+        self._released.discard(wid)
+        self._adopted.discard(wid)
+        return True
+
+    def _forget_checks(self, wid: str) -> None:
+        for name, _ in self._checks.pop(wid, []):
+            self.checker.forget(f"{wid}/{name}")
+        self._healthy.pop(wid, None)
+
+    def _check_health(self) -> None:
+        """Run the checks that are due; report each replica whose verdict changed."""
+        now = time.monotonic()
+        for wid in self._running():
+            checks = self._checks.get(wid)
+            if not checks or wid in self._released:
+                continue
+            replica = self.supervisor.replicas[wid]
+            for name, check in checks:
+                self.checker.tick(f"{wid}/{name}", check, replica.ports, now)
+            failing = [n for n, _ in checks if not self.checker.verdict.get(f"{wid}/{n}")]
+            ok = not failing
+            if self._healthy.get(wid) is ok:
+                continue
+            self._healthy[wid] = ok
+            log.info("agent.health", workload=wid, healthy=ok, failing=failing)
+            self.reporter.transition(
+                TaskReport(
+                    workload_id=wid,
+                    status="running",
+                    at=self._clock(),
+                    message="health check passed"
+                    if ok
+                    else f"health check failing: {', '.join(failing)}",
+                    node=self.node.id,
+                    healthy=ok,
+                )
+            )
 
     def _running(self) -> list[str]:
         return [
@@ -274,6 +347,10 @@ class Agent:
             self.supervisor.stop_all(timeout)
         self._save_state()
         self.reporter.flush()
+
+
+def _checks_of(group: TaskGroup) -> list[tuple[str, HealthCheck]]:
+    return [(t.name, t.check) for t in group.tasks if t.check is not None]
 
 
 def find_node(store: Store, cluster: str, node_id: str) -> Node | None:

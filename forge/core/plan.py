@@ -74,6 +74,11 @@ class ReconcileOptions(BaseModel):
         description="rolling updates (forge.core.rolling): a changed task spec replaces "
         "replicas in waves instead of releasing them all; placements record their version",
     )
+    health_checks: bool = Field(
+        default=False,
+        description="with rollouts: a replica of a group that declares a check counts "
+        "healthy only once its check passed (the health given to reconcile)",
+    )
 
     @property
     def effective_gpu_reserve(self) -> int:

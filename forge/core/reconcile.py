@@ -117,6 +117,7 @@ def reconcile(
     rollouts: Mapping[str, GroupRollout] = {},
     since: Mapping[str, float] = {},
     promoted: Mapping[str, None] = {},
+    health: Mapping[str, bool] = {},
 ) -> Plan:
     """Plan one pass. Inputs are not mutated (except ``carry``, which the pass
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
@@ -169,6 +170,7 @@ def reconcile(
             since=since,
             failed=failed_now,
             promoted=promoted,
+            health=health if options.health_checks else None,
             now=now,
         )
         for wid in plan.rollouts.stop:

@@ -9,9 +9,18 @@ with the freed capacity). Pure, deterministic (groups in key order), no clock.
 
 Health comes from what the loop knows of a binding: ``failed`` is unhealthy,
 ``running`` healthy since the pass that saw it running, ``pending`` starting since
-it was placed (``since``). A binding made before versions existed (version "")
-runs the group's current version when its resources match the spec (a command or
-env change then never reached it, as before), and an unknown old one otherwise.
+it was placed (``since``). With health checks (``health`` given: the rollouts-3
+patch) a running replica of a group whose tasks declare a ``check`` is healthy
+only once its check has passed (``health[wid]`` True, since the pass that heard
+it); while its check fails or has not yet passed it is starting (so a new
+replica turns unhealthy past its deadline). The loop records a verdict for the
+replicas it places while the group rolls (False until the agent says it passed);
+a replica with no entry ran before the rollout began, when the loop was not
+watching its check, and running counts as healthy for it, as without a check.
+
+A binding made before versions existed (version "") runs the group's current
+version when its resources match the spec (a command or env change then never
+reached it, as before), and an unknown old one otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +32,14 @@ from forge.core.models import AssignmentStatus, Job, Request, TaskGroup, workloa
 from forge.core.placement import Binding
 from forge.core.rollout import Health, Phase, Replica, Rollout, Step, UpdatePolicy, step
 
-__all__ = ["DEFAULT_POLICY", "GroupRollout", "RolloutPlan", "plan_rollouts", "version_of"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "GroupRollout",
+    "RolloutPlan",
+    "has_check",
+    "plan_rollouts",
+    "version_of",
+]
 
 DEFAULT_POLICY = UpdatePolicy()
 #: The version of a pre-versions binding whose resources differ from the spec.
@@ -58,10 +74,19 @@ def version_of(b: Binding, g: TaskGroup, req: Request) -> str:
     return g.version if (b.cpu, b.memory) == (req.cpu, req.memory) else LEGACY
 
 
-def _health(b: Binding, since: Mapping[str, float], wid: str) -> tuple[Health, float]:
+def has_check(g: TaskGroup) -> bool:
+    """The group's replicas are healthy only when their checks pass."""
+    return any(t.check is not None for t in g.tasks)
+
+
+def _health(
+    b: Binding, since: Mapping[str, float], wid: str, verdict: bool | None = None
+) -> tuple[Health, float]:
+    """``verdict``: the replica's check as the loop knows it (None: no check, or
+    none recorded)."""
     if b.status is AssignmentStatus.FAILED:
         return Health.UNHEALTHY, since.get(wid, 0.0)
-    if b.status is AssignmentStatus.RUNNING:
+    if b.status is AssignmentStatus.RUNNING and verdict is not False:
         return Health.HEALTHY, since.get(wid, 0.0)
     return Health.STARTING, since.get(wid, 0.0)
 
@@ -74,12 +99,14 @@ def plan_rollouts(
     since: Mapping[str, float],
     failed: Mapping[str, Binding] = {},
     promoted: Mapping[str, None] = {},
+    health: Mapping[str, bool] | None = None,
     now: float,
 ) -> RolloutPlan:
     """Each group's step. ``failed``: bindings this pass released as failed (a new
     replica that failed fails its rollout); ``promoted``: groups (``job/group``)
-    promoted since the last pass. Pre-versions bindings are given their version in
-    place (``stamped``: the loop persists them again)."""
+    promoted since the last pass; ``health``: check verdicts of rolling groups'
+    replicas (None: checks are not counted, as before rollouts-3). Pre-versions
+    bindings are given their version in place (``stamped``: the loop persists them again)."""
     out = RolloutPlan()
     wakes: list[float] = []
     for key in sorted(groups):
@@ -87,6 +114,7 @@ def plan_rollouts(
         name = f"{key[0]}/{key[1]}"
         current = rollouts.get(name)
         desired = g.scaling.desired
+        checked = health is not None and has_check(g)
         replicas: list[Replica] = []
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
@@ -99,8 +127,9 @@ def plan_rollouts(
             if not b.version and len(out.stamped) < MAX_STAMPS:
                 b.version = version_of(b, g, req)
                 out.stamped.append(wid)
-            health, at = _health(b, since, wid)
-            replicas.append(Replica(ordinal, version_of(b, g, req), health, at))
+            verdict = health.get(wid) if checked and health is not None else None
+            state, at = _health(b, since, wid, verdict)
+            replicas.append(Replica(ordinal, version_of(b, g, req), state, at))
         if current is None:
             old = [r for r in replicas if r.version != g.version]
             if not old:

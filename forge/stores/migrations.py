@@ -141,6 +141,9 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             PRIMARY KEY (cluster, job_id, grp, number)
         ) WITHOUT ROWID""",
     ),
+    # 4: health checks. A running replica's check verdict as its agent reported it
+    # (NULL: the report says nothing of health).
+    ("ALTER TABLE reports ADD COLUMN healthy BOOLEAN",),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -238,6 +241,8 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             PRIMARY KEY (cluster, job_id, grp, number)
         )""",
     ),
+    # 4: see the SQLite step
+    ("ALTER TABLE reports ADD COLUMN healthy BOOLEAN",),
 )
 
 assert len(SQLITE_MIGRATIONS) == len(POSTGRES_MIGRATIONS), "dialects must stay in step"

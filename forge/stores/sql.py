@@ -234,14 +234,25 @@ class SqlReads:
     def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
         rows = self._all(
             self._q(
-                "SELECT seq, workload_id, status, cpu, memory, at, message, node FROM reports"
+                "SELECT seq, workload_id, status, cpu, memory, at, message, node, healthy"
+                " FROM reports"
                 " WHERE cluster = ? AND seq > ? ORDER BY seq LIMIT ?"
             ),
             (cluster, seq, max(limit, 0)),
         )
         return [
-            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
-            for s, w, st, c, m, at, msg, n in rows
+            TaskReport(
+                seq=s,
+                workload_id=w,
+                status=st,
+                cpu=c,
+                memory=m,
+                at=at,
+                message=msg,
+                node=n,
+                healthy=None if h is None else bool(h),
+            )
+            for s, w, st, c, m, at, msg, n, h in rows
         ]
 
     def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
@@ -366,11 +377,22 @@ def write_reports(
     db.executemany(
         sql(
             "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-            " message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " message, node, healthy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             dialect,
         ),
         [
-            (cluster, seq, r.workload_id, r.status, r.cpu, r.memory, r.at, r.message, r.node)
+            (
+                cluster,
+                seq,
+                r.workload_id,
+                r.status,
+                r.cpu,
+                r.memory,
+                r.at,
+                r.message,
+                r.node,
+                r.healthy,
+            )
             for seq, r in enumerate(reports, first)
         ],
     )

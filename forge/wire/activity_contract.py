@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
 from forge.stores.base import Delta
@@ -152,6 +158,18 @@ class ReportsOut(_Msg):
     nodes: dict[str, str] = Field(
         default_factory=dict, description="workload id -> the node its latest report names"
     )
+    health: dict[str, bool] = Field(
+        default_factory=dict,
+        description="workload id -> the latest health verdict in the page (a running "
+        "replica's check passed or failed); left out of the JSON when empty",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and not self.health:
+            data.pop("health", None)
+        return data
 
 
 class MetricsIn(_Msg):

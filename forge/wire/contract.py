@@ -175,6 +175,16 @@ class Checkpoint(_Msg):
     # rolling updates: each group's rollout, and when its replicas' health began
     rollouts: dict[str, GroupRollout] = Field(default_factory=dict)
     since: dict[str, float] = Field(default_factory=dict)
+    # health checks (rollouts-3): rolling groups' replicas' check verdicts; left out
+    # of the JSON when empty
+    health: dict[str, bool] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and not self.health:
+            data.pop("health", None)
+        return data
 
 
 class ClusterInput(_Msg):

@@ -37,6 +37,7 @@ import pytest_asyncio
 
 from forge.client.client import ForgeClient
 from forge.core.models import Assignment, Job
+from forge.core.rollout import UpdatePolicy
 from forge.stores import SqliteStore
 from forge.wire import contract as c
 from tests.agent.helpers import alive, kill_tasks, task_processes
@@ -395,6 +396,111 @@ async def test_a_cpu_burning_autoscaled_group_grows_within_two_periods(
         await cl.fc.stop_job("burn")
     await eventually(
         _now(lambda: cl.processes("burn")), lambda p: not p, timeout=30, what="burn stopped"
+    )
+
+
+ROLL_UPDATE = {
+    "max_parallel": 1,
+    "min_healthy_time": 0.5,
+    "healthy_deadline": 30.0,
+    "auto_revert": True,
+}
+ROLL_CHECK = {"http": {"port": "http", "path": "/"}, "interval": 0.2, "timeout": 1.0}
+
+
+def _roll(env: str, code: str = SERVE) -> Job:
+    job = _job("roll", code, 6, ports=["http"], stop_grace=2.0, env={"V": env}, check=ROLL_CHECK)
+    g = job.groups[0].model_copy(update={"update": UpdatePolicy(**ROLL_UPDATE)})
+    return job.model_copy(update={"groups": (g,)})
+
+
+@dataclass
+class Watch:
+    """Polls the roll group every 0.2 s: how many replicas answer HTTP, and the
+    versions bound; each poll's counts are kept."""
+
+    cl: Cluster
+    seq: int = 0
+    ports: dict[tuple[str, str], int] = field(default_factory=dict)  # (wid, node) -> port
+    answering: list[int] = field(default_factory=list)
+    versions: list[Counter[str]] = field(default_factory=list)
+
+    def poll(self) -> None:
+        for r in self.cl.store.reports_since(CLUSTER, self.seq, limit=100_000):
+            self.seq = r.seq
+            if r.workload_id.startswith("roll/") and "ports http=" in r.message:
+                self.ports[(r.workload_id, r.node)] = int(r.message.rsplit("=", 1)[1])
+        bound = self.cl.bindings("roll")
+        urls = [self.ports.get((a.workload_id, a.node)) for a in bound]
+        self.answering.append(sum(1 for p in urls if p is not None and _get(p) == 200))
+        self.versions.append(Counter(a.version for a in bound))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.to_thread(self.poll)
+            await asyncio.sleep(0.2)  # the poll interval, not synchronisation
+
+
+async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_crashing_version(
+    show_logs_on_failure,
+) -> None:
+    cl: Cluster = show_logs_on_failure
+    v1, v2 = _roll("1"), _roll("2")
+    await cl.fc.submit_job(v1)
+    watch = Watch(cl)
+
+    async def settled() -> tuple[Counter[str], int] | None:
+        if not watch.versions or not watch.answering:
+            return None
+        return watch.versions[-1], watch.answering[-1]
+
+    def all_on(version: str) -> Callable[[tuple[Counter[str], int] | None], bool]:
+        return lambda got: got == (Counter({version: 6}), 6)
+
+    ver1, ver2 = v1.groups[0].version, v2.groups[0].version
+    stop = asyncio.Event()
+    poller = asyncio.create_task(watch.run(stop))
+    try:
+        await eventually(settled, all_on(ver1), timeout=60, what="6 replicas of v1 answering")
+        before = {pid for pids in cl.processes("roll").values() for pid in pids}
+        watch.answering.clear()
+        watch.versions.clear()
+        await cl.fc.submit_job(v2)
+        await eventually(settled, all_on(ver2), timeout=90, what="6 replicas of v2")
+        # done once the last new replica has been healthy min_healthy_time (the store
+        # says v2 as soon as it is bound, before its agent has replaced the process)
+        await eventually(
+            cl.fc.published, lambda d: d is not None and not d.rollouts, what="rollout done"
+        )
+        assert min(watch.answering) >= 5, watch.answering
+        assert len(watch.answering) > 10  # polled through the whole rollout
+        assert all(sum(v.values()) == 6 for v in watch.versions)
+        # every replica was replaced: its binding on the new version, a new process
+        assert [a.version for a in cl.bindings("roll")] == [ver2] * 6
+        after = {pid for pids in cl.processes("roll").values() for pid in pids}
+        assert len(after) == 6 and not before & after
+        # a version whose command exits at once: stopped after its first wave, and
+        # the group goes back to v2 (auto_revert), all 6 healthy
+        bad = _roll("3", code="raise SystemExit(3)")
+        ver3 = bad.groups[0].version
+        watch.answering.clear()
+        watch.versions.clear()
+        await cl.fc.submit_job(bad)
+        await eventually(
+            _now(lambda: [v.version for v in cl.store.group_versions(CLUSTER, "roll")]),
+            lambda got: got[-2:] == [ver3, ver2],
+            timeout=60,
+            what="the previous version submitted again",
+        )
+        await eventually(settled, all_on(ver2), timeout=60, what="6 replicas back on v2")
+        assert max(v[ver3] for v in watch.versions) <= 1, watch.versions  # one wave only
+        assert min(watch.answering) >= 5, watch.answering
+    finally:
+        stop.set()
+        await poller
+    await cl.fc.stop_job("roll")
+    await eventually(
+        _now(lambda: cl.processes("roll")), lambda p: not p, timeout=30, what="roll stopped"
     )
 
 

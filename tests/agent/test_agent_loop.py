@@ -15,7 +15,7 @@ from forge.agent.config import AgentConfig
 from forge.agent.server import LogServer
 from forge.core.models import Node
 from forge.stores import MemoryStore
-from tests.agent.helpers import PY, SLEEP, Binder, command_job, local_node, until
+from tests.agent.helpers import PY, SLEEP, Binder, alive, command_job, local_node, until
 
 
 @pytest.fixture
@@ -207,3 +207,55 @@ def _exists(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_checked_task_reports_each_change_of_its_health_verdict(store, tmp_path) -> None:
+    flag = tmp_path / "ok"
+    check = {
+        "command": [
+            PY,
+            "-c",
+            f"import os, sys; sys.exit(0 if os.path.exists({str(flag)!r}) else 1)",
+        ],
+        "interval": 0.05,
+        "timeout": 5.0,
+    }
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    wid = binder.bind(command_job("web", SLEEP, check=check), 0, "n1")
+    plain = binder.bind(command_job("plain", SLEEP), 0, "n1")
+
+    def verdicts() -> list[bool | None]:
+        found = store.reports_since("default", 0)
+        return [r.healthy for r in found if r.workload_id == wid and r.cpu is None]
+
+    until(lambda: verdicts() == [None, False], step=agent.step)  # started, then failing
+    flag.touch()
+    until(lambda: verdicts() == [None, False, True], step=agent.step)
+    for _ in range(5):
+        agent.step()  # no change: nothing more to say
+    assert verdicts() == [None, False, True]
+    flag.unlink()
+    until(lambda: verdicts() == [None, False, True, False], step=agent.step)
+    assert all(
+        r.healthy is None for r in store.reports_since("default", 0) if r.workload_id == plain
+    )
+    agent.shutdown(stop_tasks=True)
+
+
+def test_a_replica_bound_again_on_another_version_is_restarted_on_it(store, tmp_path) -> None:
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    job = command_job("web", SLEEP, env={"V": "1"})
+    wid = binder.bind(job, 0, "n1")
+    until(lambda: agent.supervisor.replicas.get(wid), step=agent.step)
+    first = _pids(agent, wid)
+    (a,) = store.assignments("default")
+    new = command_job("web", SLEEP, env={"V": "2"})
+    store.put_job("default", new)
+    # the loop's persist: released and bound again in one delta, on the new version
+    binder.apply(bind=[a.model_copy(update={"version": new.groups[0].version})], release=[wid])
+    until(lambda: wid in agent.supervisor.replicas and _pids(agent, wid) != first, step=agent.step)
+    assert not any(alive(p) for p in first)
+    assert [s for s, _ in _reports(store, wid)] == ["running", "running"]  # no exit reported
+    agent.shutdown(stop_tasks=True)

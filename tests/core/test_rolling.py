@@ -7,7 +7,8 @@ from typing import Any
 from forge.core.models import AssignmentStatus, Job, Node
 from forge.core.placement import Binding
 from forge.core.reconcile import Plan, ReconcileOptions, reconcile
-from forge.core.rolling import GroupRollout
+from forge.core.rolling import GroupRollout, _health
+from forge.core.rollout import Health
 
 ROLLING = ReconcileOptions(rollouts=True)
 NODES = {f"n{i}": Node(id=f"n{i}", cpu=4000, memory=8192) for i in range(3)}
@@ -162,3 +163,86 @@ def test_a_canary_waits_for_promotion() -> None:
     assert not [w for w, why in plan.released if why == "rollout"]
     plan = sim.pass_(promoted={"web/api": None})
     assert [w for w, why in plan.released if why == "rollout"]
+
+
+CHECKS = ReconcileOptions(rollouts=True, health_checks=True)
+
+
+def checked(env: str = "1", **update: Any) -> Job:
+    job = web(env, **update).model_dump(mode="json", exclude_defaults=True)
+    job["groups"][0]["tasks"][0]["check"] = {"command": ["true"]}
+    return Job.model_validate(job)
+
+
+def test_health_a_running_replica_needs_its_check_to_have_passed() -> None:
+    b = Binding("web", "api", 0, "n0", (), 500, 64, AssignmentStatus.RUNNING)
+    since = {"web/api/0": 7.0}
+    assert _health(b, since, "web/api/0") == (Health.HEALTHY, 7.0)  # no check / no entry
+    assert _health(b, since, "web/api/0", True) == (Health.HEALTHY, 7.0)
+    assert _health(b, since, "web/api/0", False) == (Health.STARTING, 7.0)
+    pending = Binding("web", "api", 0, "n0", (), 500, 64, AssignmentStatus.PENDING)
+    assert _health(pending, since, "web/api/0", True)[0] is Health.STARTING
+    failed = Binding("web", "api", 0, "n0", (), 500, 64, AssignmentStatus.FAILED)
+    assert _health(failed, since, "web/api/0", True)[0] is Health.UNHEALTHY
+
+
+def _checked_pass(sim: Sim, health: dict[str, bool]) -> Plan:
+    plan = reconcile(
+        jobs={"web": sim.job},
+        nodes=NODES,
+        bindings=sim.bindings,
+        pending={},
+        failures={},
+        now=sim.now,
+        options=CHECKS,
+        rollouts=sim.rollouts,
+        since=sim.since,
+        health=health,
+    )
+    sim.bindings = plan.bindings
+    assert plan.rollouts is not None
+    sim.rollouts = plan.rollouts.rollouts
+    for b in plan.placed:
+        sim.since[b.workload_id] = sim.now
+        health[b.workload_id] = False  # as the loop records a placement
+    return plan
+
+
+def test_a_checked_group_waits_for_the_check_and_fails_past_the_deadline() -> None:
+    sim = Sim(checked())
+    health: dict[str, bool] = {}
+    _checked_pass(sim, health)
+    sim.run_all()
+    health.clear()  # placed before the rollout: the loop kept no verdicts
+    sim.now = 100.0
+    sim.job = checked(env="2")
+    plan = _checked_pass(sim, health)
+    (first,) = [w for w, why in plan.released if why == "rollout"]
+    sim.run_all()  # running, its check not yet passed
+    sim.now = 150.0
+    plan = _checked_pass(sim, health)
+    assert not plan.released  # running is not enough: the wave waits
+    assert "not yet healthy" in plan.rollouts.steps["web/api"].waiting  # type: ignore[union-attr]
+    health[first] = True  # the agent says it passed (the loop's health clock starts)
+    sim.since[first] = 150.0
+    sim.now = 155.0  # min_healthy_time later: the next wave
+    plan = _checked_pass(sim, health)
+    (second,) = [w for w, why in plan.released if why == "rollout"]
+    sim.run_all()  # running, but its check keeps failing
+    assert health[second] is False
+    sim.now = 155.0 + 60.0  # the deadline
+    _checked_pass(sim, health)
+    assert "not healthy within 60s" in sim.rollouts["web/api"].failed
+
+
+def test_without_the_health_option_checks_are_not_counted() -> None:
+    sim = Sim(checked())
+    sim.pass_()
+    sim.run_all()
+    sim.now = 100.0
+    sim.job = checked(env="2")
+    sim.pass_()
+    sim.run_all()
+    sim.now = 105.0  # min_healthy_time: running counts, the next wave goes
+    plan = sim.pass_()
+    assert [why for _, why in plan.released] == ["rollout"]

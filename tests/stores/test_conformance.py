@@ -391,6 +391,20 @@ def test_reports_get_increasing_sequence_numbers_and_page(store: Store) -> None:
     assert store.reports_since(C, 5) == []
 
 
+def test_reports_keep_the_health_verdict_and_none_when_unsaid(store: Store) -> None:
+    batch = [
+        TaskReport(workload_id="web/api/0", status="running", at=1.0),
+        TaskReport(workload_id="web/api/0", status="running", at=2.0, healthy=False),
+        TaskReport(workload_id="web/api/0", status="running", at=3.0, healthy=True),
+        usage("web/api/0", 4.0, cpu=0.1),
+    ]
+    store.report(C, batch)
+    got = store.reports_since(C, 0)
+    assert [r.healthy for r in got] == [None, False, True, None]
+    assert [r.model_copy(update={"seq": 0}) for r in got] == batch
+    assert "healthy" not in got[0].model_dump(mode="json")
+
+
 def test_group_usage_averages_each_replicas_latest_report_since(store: Store) -> None:
     store.report(
         C,

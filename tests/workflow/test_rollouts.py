@@ -11,7 +11,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.testing import WorkflowEnvironment
 
 from forge.client.client import ForgeClient, ForgeError
-from forge.core.models import Job
+from forge.core.models import HealthCheck, Job
 from forge.stores import Store, TaskReport
 from tests.workflow.harness import cluster, default_options, job, node
 
@@ -215,3 +215,45 @@ async def test_revert_submits_an_earlier_version_from_the_store(
         got = store.get_job(fc.cluster, "web")
         assert got is not None and got.groups[0].version == new.groups[0].version
         assert [v.number for v in store.group_versions(fc.cluster, "web")] == [1, 2, 3, 4]
+
+
+def checked_web(env: str) -> Job:
+    j = web(env)
+    g = j.groups[0]
+    assert g.update is not None
+    policy = g.update.model_copy(update={"healthy_deadline": 3.0, "min_healthy_time": 0.5})
+    task = g.tasks[0].model_copy(update={"check": HealthCheck(command=("true",))})
+    group = g.model_copy(update={"update": policy, "tasks": (task,)})
+    return j.model_copy(update={"groups": (group,)})
+
+
+def report_health(store: Store, fc: ForgeClient, ordinal: int, healthy: bool | None) -> None:
+    wid = f"web/main/{ordinal}"
+    store.report(
+        fc.cluster,
+        [TaskReport(workload_id=wid, status="running", at=time.time(), node="n1", healthy=healthy)],
+    )
+
+
+async def test_a_checked_group_rolls_on_passed_checks_and_fails_on_a_failing_one(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    # Real time (the watch activity runs): a short deadline and health clock.
+    options = default_options(watch=True, watch_poll=0.05, heartbeat_ttl=10_000_000.0)
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=8000)])
+        old, new = checked_web("1"), checked_web("2")
+        v1, v2 = old.groups[0].version, new.groups[0].version
+        await fc.submit_job(old)
+        report(store, fc, [0, 1, 2], "running")
+        await fc.submit_job(new)
+        await versions_once(store, fc, [v1, v1, v2])
+        report_health(store, fc, 2, None)  # running, its check not yet passed
+        report_health(store, fc, 2, True)  # passed: the next wave
+        await versions_once(store, fc, [v1, v2, v2])
+        # running, but its check fails: starting, then unhealthy at its deadline,
+        # though without checks it would have counted healthy after 0.5 s
+        report_health(store, fc, 1, None)
+        report_health(store, fc, 1, False)
+        await details_once(fc, "failed: replica 1")
+        assert versions(store, fc) == [v1, v2, v2]

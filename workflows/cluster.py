@@ -26,12 +26,20 @@ from __future__ import annotations
 import time
 
 from temporalio import workflow
-from temporalio.common import MetricMeter, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import activities as acts
 from workflows import loading
-from workflows.handlers import PATCH_DROPPED_SIGNALS, Handlers
+from workflows.handlers import PATCH_DROPPED_SIGNALS
+from workflows.patches import (
+    PATCH_PLACEMENT_V2,
+    PATCH_PUBLISH,
+    PATCH_ROLLOUTS,
+    PATCH_ROLLOUTS_2,
+    PATCH_ROLLOUTS_3,
+    PATCH_WORK_BUDGET,
+)
+from workflows.presentation import Presentation, status_json
 from workflows.state import binding_row
 from workflows.watch import StoreWatch
 
@@ -56,33 +64,9 @@ __all__ = [
     "DivergenceError",
 ]
 
-SA_CLUSTER = SearchAttributeKey.for_keyword(c.SA_CLUSTER)
-SA_PENDING = SearchAttributeKey.for_int(c.SA_PENDING)
-SA_BOUND = SearchAttributeKey.for_int(c.SA_BOUND)
-SA_NODES = SearchAttributeKey.for_int(c.SA_NODES)
-
-#: workflow.patched ids. A behaviour change to code a pass runs is guarded by one,
-#: so a history recorded before it replays with the old behaviour.
-PATCH_WORK_BUDGET = "work-budget-1"
 #: Node JSON one pass persists at most (a burst of registrations between two passes
 #: is spread over several persists, each far below Temporal's 2 MiB payload limit).
 NODE_BYTES = 512 * 1024
-#: Each pass that changes something publishes a status to the store (with its delta)
-#: and a summary memo, for readers that must not query.
-PATCH_PUBLISH = "publish-status-1"
-#: Rolling updates (forge.core.rolling): a changed task spec replaces replicas in
-#: waves; placements record their group version.
-PATCH_ROLLOUTS = "rollouts-1"
-#: Rollouts in the published status and the details; a failed rollout with
-#: auto_revert submits the previous version's spec (read from the store).
-PATCH_ROLLOUTS_2 = "rollouts-2"
-#: Health checks: a replica of a group that declares a check counts healthy for
-#: its rollout only once the agent reports its check passed.
-PATCH_ROLLOUTS_3 = "rollouts-3"
-#: Placement version 2 in the loop (GPU reservation, GPU jobs first, fractional
-#: GPUs placed to keep devices whole), with the carry. Before it: version 1, and a
-#: run whose options asked version 2 planned every pass without the carry.
-PATCH_PLACEMENT_V2 = "placement-v2"
 
 
 class DivergenceError(RuntimeError):
@@ -92,13 +76,11 @@ class DivergenceError(RuntimeError):
 
 
 @workflow.defn(name=c.WORKFLOW_TYPE)
-class ClusterWorkflow(Handlers):
+class ClusterWorkflow(Presentation):
     @workflow.init
     def __init__(self, inp: c.ClusterInput) -> None:
         super().__init__(inp)
         self.watch = StoreWatch()
-        self.search_attrs: tuple[int, int, int] | None = None
-        self.longest_plan = 0.0  # seconds; a metric only
         self.published = ""  # the last status published (without per-pass fields)
 
     # -- the loop -----------------------------------------------------------------------
@@ -284,7 +266,7 @@ class ClusterWorkflow(Handlers):
         if workflow.patched(PATCH_PUBLISH):
             published = self._publication(plan, now)
             if published[0] != self.published:
-                persist = persist.model_copy(update={"status": _status_json(published)})
+                persist = persist.model_copy(update={"status": status_json(published)})
         if (
             persist.bind
             or persist.release
@@ -406,112 +388,3 @@ class ClusterWorkflow(Handlers):
     def _continue_as_new_now(self) -> bool:
         # Handlers first: an update waiting for a pass must see it before we go.
         return self._continue_as_new_due() and workflow.all_handlers_finished()
-
-    # -- presentation -------------------------------------------------------------------
-    def _publication(self, plan: Plan, now: float) -> tuple[str, c.Summary]:
-        """What this pass publishes (status JSON without the fields that change every
-        pass, so an unchanged cluster publishes nothing), and its summary."""
-        st = self.st
-        summary = c.Summary(
-            desired=plan.desired,
-            bound=len(plan.bindings),
-            pending=len(plan.pending) + plan.deferred,
-            nodes=len(st.nodes),
-            jobs=len(st.jobs),
-            passes=0,
-            generation=st.generation,
-            last_pass_at=None,
-            last_pass="",
-        )
-        doc = views.loop_status(
-            summary,
-            plan.pending,
-            deferred=plan.deferred,
-            notices=st.notices(),
-            state_digest=f"{st.state_after(plan):016x}",
-        )
-        if (
-            plan.rollouts is not None
-            and plan.rollouts.rollouts
-            and workflow.patched(PATCH_ROLLOUTS_2)
-        ):
-            doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
-        full = summary.model_copy(
-            update={
-                "passes": st.passes + 1,
-                "last_pass_at": now,
-                "last_pass": views.pass_text(st.passes + 1, plan),
-            }
-        )
-        return doc.model_dump_json(), full
-
-    def _details(self) -> None:
-        st = self.st
-        text = views.details(
-            cluster=st.cluster,
-            runs=st.runs,
-            generation=st.generation,
-            nodes=st.nodes.values(),
-            jobs=len(st.jobs),
-            bound=len(st.bindings),
-            pending=st.pending,
-            deferred=st.deferred,
-            last_pass=st.last_pass,
-            notices=st.notices(),
-        )
-        if st.rollouts:  # rolling updates: each group's target version and why it waits
-            text += "\n\nRollouts:\n" + "\n".join(
-                f"- {name}: to version {r.rollout.version} (from {r.rollout.previous})"
-                + (f", failed: {r.failed}" if r.failed else "")
-                + (", promoted" if r.rollout.promoted else "")
-                + (f"; {st.rollout_waiting[name]}" if st.rollout_waiting.get(name) else "")
-                for name, r in sorted(st.rollouts.items())
-            )
-        workflow.set_current_details(text)
-        self._search_attributes()
-
-    def _search_attributes(self) -> None:
-        if workflow.info().typed_search_attributes.get(SA_CLUSTER) is None:
-            return  # the server has no Forge attributes registered; see worker start-up
-        st = self.st
-        values = (len(st.pending) + st.deferred, len(st.bindings), len(st.nodes))
-        if values == self.search_attrs:
-            return
-        self.search_attrs = values
-        workflow.upsert_search_attributes(
-            [
-                SA_PENDING.value_set(values[0]),
-                SA_BOUND.value_set(values[1]),
-                SA_NODES.value_set(values[2]),
-            ]
-        )
-
-    def _record(self, plan: Plan, elapsed: float) -> None:
-        meter = workflow.metric_meter().with_additional_attributes({"cluster": self.st.cluster})
-        for m in views.pass_metrics(plan, self.st.nodes.values(), elapsed):
-            _emit(meter, m)
-        if elapsed > self.longest_plan:
-            self.longest_plan = elapsed
-            meter.create_gauge_float(
-                "forge_longest_plan_seconds",
-                "longest planning step of this run (one activation)",
-                "s",
-            ).set(elapsed)
-
-
-def _emit(meter: MetricMeter, m: views.Metric) -> None:
-    attrs = dict(m.attributes)
-    if m.kind == "gauge":
-        meter.create_gauge(m.name, m.description, m.unit).set(int(m.value), attrs)
-    elif m.kind == "counter":
-        meter.create_counter(m.name, m.description, m.unit).add(int(m.value), attrs)
-    elif m.kind == "histogram":
-        meter.create_histogram(m.name, m.description, m.unit).record(int(m.value), attrs)
-    else:
-        meter.create_histogram_float(m.name, m.description, m.unit).record(m.value, attrs)
-
-
-def _status_json(published: tuple[str, c.Summary]) -> str:
-    """The published status with the live summary filled in."""
-    doc = c.LoopStatus.model_validate_json(published[0])
-    return doc.model_copy(update={"summary": published[1]}).model_dump_json()

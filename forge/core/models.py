@@ -18,13 +18,13 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, Strict, field_validator, model_validator
 
 from forge.core.assignments import Assignment, AssignmentStatus, Pending, workload_id
+from forge.core.checks import STOP_GRACE, HealthCheck, HttpCheck, PortName, TcpCheck
 from forge.core.fields import (
     Bool,
     Cpu,
@@ -56,6 +56,7 @@ from forge.core.limits import (
     is_valid_name,
 )
 from forge.core.nodes import GpuDevice, Node, NodeState, Taint, Toleration, tolerated
+from forge.core.policies import AutoscalePolicy, DelayFunction, ReschedulePolicy, ScalingPolicy
 from forge.core.rollout import UpdatePolicy
 
 __all__ = [
@@ -150,50 +151,6 @@ class Resources(Model):
     gpu: GpuRequest = GpuRequest()
 
 
-#: A named port a task asks for: it becomes ``FORGE_PORT_<NAME>`` (upper-cased).
-PortName = Annotated[
-    str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,31}$", description="1-32 of [A-Za-z0-9_]")
-]
-#: The default time a task gets between SIGTERM and SIGKILL when it is stopped.
-STOP_GRACE = 10.0
-
-
-class HttpCheck(Model):
-    """Healthy when ``GET http://127.0.0.1:<port><path>`` answers ``status``."""
-
-    port: PortName | Annotated[int, Strict(), Field(ge=1, le=65535)]
-    path: Annotated[str, Field(pattern=r"^/[^\s]*$", max_length=256)] = "/"
-    status: Annotated[int, Strict(), Field(ge=100, le=599)] = 200
-
-
-class TcpCheck(Model):
-    """Healthy when a TCP connection to ``127.0.0.1:<port>`` opens."""
-
-    port: PortName | Annotated[int, Strict(), Field(ge=1, le=65535)]
-
-
-class HealthCheck(Model):
-    """How the agent tells that a running task is healthy: exactly one of ``http``,
-    ``tcp`` or ``command`` (exit 0), every ``interval`` seconds, each given
-    ``timeout`` seconds. A port may be one of the task's named ports."""
-
-    http: HttpCheck | None = None
-    tcp: TcpCheck | None = None
-    command: tuple[ShortStr, ...] | None = Field(default=None, min_length=1, max_length=MAX_ARGS)
-    interval: Annotated[float, Strict(), Field(gt=0, le=3600)] = 10.0
-    timeout: Annotated[float, Strict(), Field(gt=0, le=600)] = 2.0
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Self:
-        kinds = [k for k in ("http", "tcp", "command") if getattr(self, k) is not None]
-        if len(kinds) != 1:
-            raise ValueError(
-                "check: give exactly one of http, tcp or command"
-                + (f" (got {', '.join(kinds)})" if kinds else "")
-            )
-        return self
-
-
 class Task(Evolving):
     """One process of a replica. ``ports`` and ``stop_grace`` came after recorded
     histories and stored jobs: left at their defaults they are not dumped, so an
@@ -238,50 +195,6 @@ class Task(Evolving):
         return env
 
 
-class ScalingPolicy(Model):
-    min: Int = Field(default=0, ge=0, le=MAX_REPLICAS)
-    max: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
-    desired: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Self:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
-        if not self.min <= self.desired <= self.max:
-            raise ValueError(
-                f"desired ({self.desired}) must be within [min, max] = [{self.min}, {self.max}]"
-            )
-        return self
-
-
-class DelayFunction(StrEnum):
-    CONSTANT = "constant"
-    EXPONENTIAL = "exponential"
-    FIBONACCI = "fibonacci"
-
-
-class ReschedulePolicy(Model):
-    """What happens to a replica that failed (Nomad's ``reschedule`` block).
-
-    At most ``attempts`` reschedules within ``interval`` seconds (``unlimited``
-    lifts the cap); each waits ``delay`` grown by ``delay_function`` up to
-    ``max_delay``.
-    """
-
-    attempts: Int = Field(default=3, ge=0, le=1000)
-    interval: Seconds = 3600.0
-    delay: Seconds = 15.0
-    delay_function: DelayFunction = DelayFunction.EXPONENTIAL
-    max_delay: Seconds = 300.0
-    unlimited: Bool = False
-
-    @model_validator(mode="after")
-    def _delays(self) -> Self:
-        if self.max_delay < self.delay:
-            raise ValueError(f"max_delay ({self.max_delay}) must be >= delay ({self.delay})")
-        return self
-
-
 class Constraint(Model):
     """A filter on node labels, e.g. ``{label: zone, op: in, values: [a, b]}``."""
 
@@ -308,34 +221,6 @@ class Constraint(Model):
         if self.op in ("=", "in"):
             return value is not None and value in self.values
         return value is None or value not in self.values
-
-
-class AutoscalePolicy(Model):
-    """How a group scales from utilisation (see ``forge.core.autoscale``).
-
-    ``threshold``: the original's policy (>= ``scale_up`` adds ``step``, <=
-    ``scale_down`` removes ``step``, then ``cooldown`` seconds of quiet).
-    ``target``: Kubernetes HPA (``ceil(current * util / target)`` with a tolerance
-    and a scale-down stabilisation window).
-    """
-
-    policy: Literal["threshold", "target"] = "threshold"
-    scale_up: Float = Field(default=0.8, gt=0, le=1)
-    scale_down: Float = Field(default=0.3, ge=0, lt=1)
-    step: Int = Field(default=1, ge=1, le=MAX_REPLICAS)
-    cooldown: Seconds = 300.0
-    target: Float = Field(default=0.6, gt=0, le=1)
-    tolerance: Float = Field(default=0.1, ge=0, lt=1)
-    stabilization_window: Seconds = 300.0
-    # not ``Seconds = Field(ge=1)``: the annotation's own ``ge=0`` wins over a ``ge``
-    # given again, and an interval of 0 would evaluate metrics on every pass
-    interval: Annotated[float, Strict(), Field(ge=1, le=365 * 24 * 3600)] = 60.0
-
-    @model_validator(mode="after")
-    def _thresholds(self) -> Self:
-        if self.scale_down >= self.scale_up:
-            raise ValueError(f"scale_down ({self.scale_down}) must be < scale_up ({self.scale_up})")
-        return self
 
 
 class TaskGroup(Evolving):

@@ -1,0 +1,34 @@
+"""The loop's ``workflow.patched`` ids, in one place: the workflow and its
+presentation both branch on them, and each names a behaviour change that a history
+recorded before it must replay without."""
+
+from __future__ import annotations
+
+__all__ = [
+    "PATCH_PLACEMENT_V2",
+    "PATCH_PUBLISH",
+    "PATCH_ROLLOUTS",
+    "PATCH_ROLLOUTS_2",
+    "PATCH_ROLLOUTS_3",
+    "PATCH_WORK_BUDGET",
+]
+
+#: workflow.patched ids. A behaviour change to code a pass runs is guarded by one,
+#: so a history recorded before it replays with the old behaviour.
+PATCH_WORK_BUDGET = "work-budget-1"
+#: Each pass that changes something publishes a status to the store (with its delta)
+#: and a summary memo, for readers that must not query.
+PATCH_PUBLISH = "publish-status-1"
+#: Rolling updates (forge.core.rolling): a changed task spec replaces replicas in
+#: waves; placements record their group version.
+PATCH_ROLLOUTS = "rollouts-1"
+#: Rollouts in the published status and the details; a failed rollout with
+#: auto_revert submits the previous version's spec (read from the store).
+PATCH_ROLLOUTS_2 = "rollouts-2"
+#: Health checks: a replica of a group that declares a check counts healthy for
+#: its rollout only once the agent reports its check passed.
+PATCH_ROLLOUTS_3 = "rollouts-3"
+#: Placement version 2 in the loop (GPU reservation, GPU jobs first, fractional
+#: GPUs placed to keep devices whole), with the carry. Before it: version 1, and a
+#: run whose options asked version 2 planned every pass without the carry.
+PATCH_PLACEMENT_V2 = "placement-v2"

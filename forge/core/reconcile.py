@@ -44,7 +44,7 @@ from forge.core.models import (
     TaskGroup,
     workload_id,
 )
-from forge.core.placement import Binding, Cluster, Placer, diagnosis_text
+from forge.core.placement import Binding, Choice, Cluster, Placer, diagnosis_text
 from forge.core.plan import (
     DEFAULT_GPU_RESERVE,
     Algorithm,
@@ -301,17 +301,7 @@ def reconcile(
                     waiting += 1
                     gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
                     continue
-                b = Binding(
-                    job.id,
-                    g.name,
-                    ordinal,
-                    choice.node.id,
-                    choice.gpu_ids,
-                    req.cpu,
-                    req.memory,
-                    gpu_milli=req.gpu_milli,
-                    version=g.version if options.rollouts else "",
-                )
+                b = _binding(job, g, ordinal, choice, req, options)
                 plan.bindings[wid] = b
                 plan.placed.append(b)
                 placed_count += 1
@@ -327,16 +317,7 @@ def reconcile(
         choice = placer.place(req, g.constraints, avoid=hist.last_node if hist else None)
         if choice is None:
             continue
-        b = Binding(
-            job.id,
-            g.name,
-            ordinal,
-            choice.node.id,
-            choice.gpu_ids,
-            req.cpu,
-            req.memory,
-            version=g.version if options.rollouts else "",
-        )
+        b = _binding(job, g, ordinal, choice, req, options)
         plan.bindings[wid] = b
         plan.placed.append(b)
         del plan.pending[wid]
@@ -462,3 +443,20 @@ def _still_desired(
 def _window(wid: str, groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]) -> float:
     job, group, _ = wid.rsplit("/", 2)
     return groups[(job, group)][1].reschedule.interval
+
+
+def _binding(
+    job: Job, g: TaskGroup, ordinal: int, choice: Choice, req: Request, options: ReconcileOptions
+) -> Binding:
+    """The binding a placement makes (with rollouts on, recording the group version)."""
+    return Binding(
+        job.id,
+        g.name,
+        ordinal,
+        choice.node.id,
+        choice.gpu_ids,
+        req.cpu,
+        req.memory,
+        gpu_milli=req.gpu_milli,
+        version=g.version if options.rollouts else "",
+    )

@@ -20,12 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from forge.core.models import Job, Node
+from forge.core.models import Job
 from forge.core.placement.reasons import read_diagnosis
 
 if TYPE_CHECKING:
-    from forge.core.placement import Binding
-    from forge.core.reconcile import Plan
     from forge.wire.contract import AssignmentView, Explanation, JobResult, StatusView
     from forge.wire.views import NodeUsage
 
@@ -39,9 +37,10 @@ __all__ = [
     "group_reasons",
     "job_result_line",
     "jobs_table",
-    "plan_json",
-    "plan_text",
+    "more",
+    "pct",
     "reason_key",
+    "reasons_table",
     "status_json",
     "status_line",
     "status_text",
@@ -106,11 +105,11 @@ def gib(mib: int) -> str:
     return f"{value:.1f}".removesuffix(".0")
 
 
-def _pct(used: float, total: int) -> str:
+def pct(used: float, total: int) -> str:
     return f"{100 * used / total:.0f}%" if total else "-"
 
 
-def _more(shown: int, total: int, what: str) -> list[str]:
+def more(shown: int, total: int, what: str) -> list[str]:
     return [f"... and {total - shown:,} more {what}"] if total > shown else []
 
 
@@ -152,106 +151,15 @@ def group_reasons(
     return [(k, n, example[k]) for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def _reasons_table(pending: Sequence[tuple[str, Sequence[str]]], total: int) -> list[str]:
+def reasons_table(pending: Sequence[tuple[str, Sequence[str]]], total: int) -> list[str]:
     groups = group_reasons(pending)
     lines = [f"pending by reason ({total:,} replicas):"]
     rows = [(n, key, wid) for key, n, wid in groups[:TOP]]
     lines.append(table(("REPLICAS", "REASON", "EXAMPLE"), rows))
-    lines += _more(min(len(groups), TOP), len(groups), "reasons")
+    lines += more(min(len(groups), TOP), len(groups), "reasons")
     if total > len(pending):
         lines.append(f"(grouped over the first {len(pending):,} pending replicas)")
     return lines
-
-
-# --------------------------------------------------------------------------- plan
-
-
-def _milli(b: Binding) -> int:
-    """Milli-GPU a binding holds: its share, or 1000 per whole device."""
-    return b.gpu_milli if b.gpu_milli else 1000 * len(b.gpu_ids)
-
-
-def _gpus(value: float) -> str:
-    return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
-
-
-def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
-    """The ``forge plan --json`` object (documented in ``forge plan --help``)."""
-    nodes_used = {b.node for b in plan.bindings.values()}
-    return {
-        "placements": [
-            {"workload_id": b.workload_id, "node": b.node, "gpu_ids": list(b.gpu_ids)}
-            | ({"gpu_milli": b.gpu_milli} if b.gpu_milli else {})
-            for b in plan.placed
-        ],
-        "pending": [
-            {"workload_id": wid, "reasons": list(entry.reasons)}
-            for wid, entry in plan.pending.items()
-        ],
-        "summary": {
-            "placed": len(plan.placed),
-            "pending": len(plan.pending),
-            "nodes_used": len(nodes_used),
-            # devices holding anything (a shared device counts once) and milli-GPU held
-            "gpus_used": len({(b.node, g) for b in plan.bindings.values() for g in b.gpu_ids}),
-            "gpu_milli_used": sum(_milli(b) for b in plan.bindings.values()),
-            "seconds": round(seconds, 6),
-        },
-    }
-
-
-def plan_text(
-    plan: Plan, nodes: Sequence[Node], seconds: float, *, algorithm: str, candidates: int
-) -> str:
-    """Human output of ``forge plan``: summary, allocation, busiest nodes, reasons."""
-    per_node: dict[str, list[int]] = {}  # node -> [replicas, cpu, memory, gpus]
-    for b in plan.bindings.values():
-        acc = per_node.setdefault(b.node, [0, 0, 0, 0])
-        acc[0] += 1
-        acc[1] += b.cpu
-        acc[2] += b.memory
-        acc[3] += _milli(b)
-    by_id = {n.id: n for n in nodes}
-    total_cpu = sum(n.cpu for n in nodes)
-    total_mem = sum(n.memory for n in nodes)
-    total_gpu = sum(len(n.gpus) for n in nodes)
-    used_cpu = sum(a[1] for a in per_node.values())
-    used_mem = sum(a[2] for a in per_node.values())
-    used_gpu = sum(a[3] for a in per_node.values()) / 1000  # milli-GPU: shares count as shares
-    sample = "all nodes" if candidates == 0 else f"{candidates} candidates"
-    lines = [
-        f"planned {plan.desired:,} replicas on {len(nodes):,} nodes in {seconds:.2f} s "
-        f"({algorithm}, {sample}): {len(plan.placed):,} placed, {len(plan.pending):,} pending",
-        f"allocated: cpu {cores(used_cpu)}/{cores(total_cpu)} cores ({_pct(used_cpu, total_cpu)}), "
-        f"memory {gib(used_mem)}/{gib(total_mem)} GiB ({_pct(used_mem, total_mem)}), "
-        f"gpus {_gpus(used_gpu)}/{total_gpu:,} ({_pct(used_gpu, total_gpu)})",
-    ]
-    if per_node:
-        counts = sorted(a[0] for a in per_node.values())
-        lines.append(
-            f"nodes used: {len(per_node):,}/{len(nodes):,}; replicas per used node: "
-            f"min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}"
-        )
-        busiest = sorted(per_node.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP]
-        rows = []
-        for node_id, (n, cpu, mem, gpus) in busiest:
-            node = by_id[node_id]
-            rows.append(
-                (
-                    node_id,
-                    n,
-                    f"{cores(cpu)}/{cores(node.cpu)}",
-                    f"{gib(mem)}/{gib(node.memory)}",
-                    f"{_gpus(gpus / 1000)}/{len(node.gpus)}",
-                )
-            )
-        lines += ["", f"busiest nodes (top {min(TOP, len(per_node))} by replicas placed):"]
-        lines.append(table(("NODE", "REPLICAS", "CPU", "MEMORY GiB", "GPUS"), rows))
-        lines += _more(len(busiest), len(per_node), "nodes")
-    if plan.pending:
-        pending = [(wid, e.reasons) for wid, e in plan.pending.items()]
-        lines += ["", *_reasons_table(pending, len(pending))]
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------- status
@@ -327,7 +235,7 @@ def status_text(
         lines += ["", "no nodes registered (forge node add ...)"]
     if status.pending:
         pending = [(p.workload_id, p.reasons) for p in status.pending]
-        lines += ["", *_reasons_table(pending, s.pending)]
+        lines += ["", *reasons_table(pending, s.pending)]
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ from typing import cast
 
 import click
 
-from forge.cli import output
+from forge.cli import output, plan_output
 from forge.cli.params import Checked, nonnegative_int, permille
 from forge.cli.remote import print_json
 from forge.core.models import Job
@@ -96,10 +96,12 @@ def plan(
         )
         seconds = time.perf_counter() - start
     if as_json:
-        print_json(output.plan_json(result, seconds))
+        print_json(plan_output.plan_json(result, seconds))
     else:
         print(
-            output.plan_text(result, node_list, seconds, algorithm=algorithm, candidates=candidates)
+            plan_output.plan_text(
+                result, node_list, seconds, algorithm=algorithm, candidates=candidates
+            )
         )
     return 0
 

@@ -31,6 +31,11 @@ t workflow update execute -w "$WF" --name scale --input '{"job_id": "cli-batch",
 say "report_failed (update): replicas that failed; they are restarted with backoff"
 t workflow update execute -w "$WF" --name report_failed --input '{"workload_ids": ["cli-batch/workers/0"]}'
 
+say "promote (update): a changed spec rolls out; with canary 1 it waits for this"
+t workflow update execute -w "$WF" --name submit_job --input '{"job": {"name": "cli-web", "groups": [{"name": "web", "scaling": {"desired": 2, "max": 2}, "update": {"canary": 1}, "tasks": [{"name": "web", "env": {"V": "1"}, "resources": {"cpu": 500, "memory": 256}}]}]}, "wait": true}'
+t workflow update execute -w "$WF" --name submit_job --input '{"job": {"name": "cli-web", "groups": [{"name": "web", "scaling": {"desired": 2, "max": 2}, "update": {"canary": 1}, "tasks": [{"name": "web", "env": {"V": "2"}, "resources": {"cpu": 500, "memory": 256}}]}]}, "wait": true}'
+t workflow update execute -w "$WF" --name promote --input '{"job_id": "cli-web"}'
+
 say "status (query; needs the codec endpoint when the answer is big)"
 t workflow query -w "$WF" --name status
 

@@ -81,16 +81,6 @@ def canary_web(env: str) -> Job:
     return j.model_copy(update={"groups": (g.model_copy(update={"update": policy}),)})
 
 
-def report_running(store: Store, fc: ForgeClient, ordinals: list[int]) -> None:
-    store.report(
-        fc.cluster,
-        [
-            TaskReport(workload_id=f"web/main/{o}", status="running", at=time.time(), node="n1")
-            for o in ordinals
-        ],
-    )
-
-
 async def versions_once(
     store: Store, fc: ForgeClient, want: list[str], timeout: float = 20.0
 ) -> None:
@@ -113,7 +103,7 @@ async def test_a_canary_waits_for_promote_then_the_rest_rolls(
         old, new = canary_web("1"), canary_web("2")
         v1, v2 = old.groups[0].version, new.groups[0].version
         await fc.submit_job(old)
-        report_running(store, fc, [0, 1, 2])
+        report(store, fc, [0, 1, 2], "running")
         # nothing waits for a promotion yet: refused, naming the job
         with pytest.raises(ForgeError, match="no rollout of job 'web' waits"):
             await fc.promote("web")
@@ -123,7 +113,7 @@ async def test_a_canary_waits_for_promote_then_the_rest_rolls(
             await fc.promote("nope")
         await fc.submit_job(new)
         await versions_once(store, fc, [v1, v1, v2])  # the canary: the highest ordinal
-        report_running(store, fc, [2])
+        report(store, fc, [2], "running")
         text = await details_once(fc, "waiting for `forge job promote`")
         assert "canary of 1 healthy" in text
         doc = await fc.published()
@@ -143,9 +133,9 @@ async def test_a_canary_waits_for_promote_then_the_rest_rolls(
         assert await fc.promote("web", "main") == ["web/main"]
         # the rest rolls, one at a time, each once the previous is healthy
         await versions_once(store, fc, [v1, v2, v2])
-        report_running(store, fc, [1])
+        report(store, fc, [1], "running")
         await versions_once(store, fc, [v2, v2, v2])
-        report_running(store, fc, [0])
+        report(store, fc, [0], "running")
         await details_once(fc, "Rollouts:", absent=True)
         with pytest.raises(ForgeError, match="no rollout of web/main waits"):
             await fc.promote("web", "main")

@@ -123,7 +123,14 @@ def reconcile(
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
     the carry's are the current ones). Mapping iteration orders must be
     deterministic (the workflow builds its dicts deterministically)."""
-    groups = groups_of(jobs)
+    # With a carry, what did not change since its pass is reused: the group index
+    # and the placement order are rebuilt only when a job changed (a steady pass
+    # over 50,000 jobs then costs what it places, not a sort of every job).
+    changed_jobs = carry.changed_jobs(jobs) if carry is not None else []
+    if carry is not None and not changed_jobs and (carry.groups or not jobs):
+        groups = carry.groups
+    else:
+        groups = groups_of(jobs)
     failed_set = set(failed)
     just_failed: set[str] = set()
     new_failures = dict(failures)
@@ -155,7 +162,7 @@ def reconcile(
         cluster.reserve_gpus(options.effective_gpu_reserve)
         plan = Plan(bindings=carry.bindings)
         checked = release_changed(
-            carry, jobs, nodes, groups, failed_set, node_ok, release, options.rollouts
+            carry, jobs, nodes, groups, changed_jobs, failed_set, node_ok, release, options.rollouts
         )
         bound_per_group = {k: len(v) for k, v in carry.by_group.items() if v}
 
@@ -163,6 +170,15 @@ def reconcile(
     if options.rollouts:
         pairs = zip(plan.released, plan.dropped, strict=True)
         failed_now = {w: b for (w, why), b in pairs if why == "failed"}
+        # A group with no binding has no replica off its version; one with bindings
+        # all compared with their group's version before (versions_seen), whose job
+        # did not change, has none either: neither needs looking at (beside the
+        # groups rolling now, which plan_rollouts adds).
+        if carry is not None and carry.versions_seen:
+            only = set(carry.roll_check)
+            only.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
+        else:
+            only = {k for k, n in bound_per_group.items() if n}
         plan.rollouts = plan_rollouts(
             groups=groups,
             bindings=plan.bindings,
@@ -172,6 +188,7 @@ def reconcile(
             promoted=promoted,
             health=health if options.health_checks else None,
             now=now,
+            only=only,
         )
         for wid in plan.rollouts.stop:
             b = plan.bindings[wid]
@@ -198,23 +215,17 @@ def reconcile(
     )
 
     # 2. place, in priority order ----------------------------------------------------
-    def asks_gpu(j: Job) -> bool:
-        return any(groups[(j.id, g.name)][2].gpu for g in j.groups)
-
-    if options.placement_version >= 2:
-        # within one priority, jobs that ask GPUs first: they can only use GPU
-        # nodes, and work without GPUs then fills what they leave there (beyond
-        # the reservation of the GPUs still free) before it opens another node
-        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, not asks_gpu(j), j.id))
+    if carry is not None and not changed_jobs and carry.order is not None:
+        version, ordered, last_asking = carry.order
+        if version != options.placement_version:
+            ordered, last_asking = _order(jobs, groups, options.placement_version)
     else:
-        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
+        ordered, last_asking = _order(jobs, groups, options.placement_version)
     # The reservation keeps GPU nodes for GPU work that is waiting. Once the last
     # job asking GPUs has had its turn and no GPU replica is left unbound, there
     # is none: the rest of the pass may use all the cpu and memory (else a tight
     # cluster whose GPUs are not all wanted would leave work pending for nothing).
-    last_gpu_job = -1
-    if placer.reserving:
-        last_gpu_job = max((i for i, j in enumerate(ordered) if asks_gpu(j)), default=-1)
+    last_gpu_job = last_asking if placer.reserving else -1
     gpu_waiting = False  # a GPU replica of this pass that some node could take is unbound
 
     def waits_for_gpu(req: Request, constraints: tuple[Constraint, ...]) -> bool:
@@ -353,8 +364,41 @@ def reconcile(
             carry.add(b.workload_id, b)
         carry.jobs = dict(jobs)
         carry.nodes = dict(nodes)
+    carry.groups = groups
+    carry.order = (options.placement_version, ordered, last_asking)
+    if plan.rollouts is not None:
+        # every group was looked at, or those that could have changed: from here
+        # on only those (and the groups left with unstamped bindings) need be
+        carry.versions_seen = True
+        carry.roll_check = set(plan.rollouts.unstamped)
+    else:
+        carry.versions_seen = False  # what this pass placed records no version
     plan.carry = carry
     return plan
+
+
+def _order(
+    jobs: Mapping[str, Job],
+    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
+    version: int,
+) -> tuple[list[Job], int]:
+    """The jobs in placement order, and the position of the last that asks GPUs."""
+
+    def asks_gpu(j: Job) -> bool:
+        return any(groups[(j.id, g.name)][2].gpu for g in j.groups)
+
+    if version >= 2:
+        # within one priority, jobs that ask GPUs first: they can only use GPU
+        # nodes, and work without GPUs then fills what they leave there (beyond
+        # the reservation of the GPUs still free) before it opens another node
+        keyed = [(-j.priority, not asks_gpu(j), j.id, j) for j in jobs.values()]
+        keyed.sort(key=lambda k: k[:3])
+        ordered = [k[3] for k in keyed]
+        last = max((i for i, k in enumerate(keyed) if not k[1]), default=-1)
+    else:
+        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
+        last = max((i for i, j in enumerate(ordered) if asks_gpu(j)), default=-1)
+    return ordered, last
 
 
 def _defer_groups(

@@ -41,8 +41,17 @@ class Carry:
     by_group: dict[tuple[str, str], dict[str, None]]
     # bindings a load found invalid (with why): the next pass releases them
     stale: list[tuple[str, Binding, str]] = field(default_factory=list)
+    #: the groups of ``jobs`` (groups_of), reused by a pass whose jobs are these
     groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
     rolling: bool = False  # loaded bindings of a changed spec are kept for the rollout
+    #: the jobs in placement order (and the last asking GPUs) for ``jobs``, per
+    #: placement version: a pass whose jobs did not change sorts nothing
+    order: tuple[int, list[Job], int] | None = None
+    #: rolling updates: every binding's version has been compared with its group's
+    #: (a pass looked at all groups, or loading did), so a pass need look only at
+    #: ``roll_check``, the groups of changed jobs and the groups rolling now
+    versions_seen: bool = False
+    roll_check: set[tuple[str, str]] = field(default_factory=set)
 
     @classmethod
     def start(
@@ -52,7 +61,7 @@ class Carry:
         a new run never checks every binding in one activation."""
         carry = cls(dict(jobs), dict(nodes), Cluster(list(nodes.values())), {}, {}, {})
         carry.groups = groups_of(jobs)
-        carry.rolling = rolling
+        carry.rolling = carry.versions_seen = rolling
         return carry
 
     def absorb(self, wid: str, b: Binding) -> None:
@@ -60,6 +69,8 @@ class Carry:
         same order: the store's), or keep it for the next pass to release."""
         alloc = self.cluster.by_id.get(b.node)
         entry = self.groups.get((b.job, b.group))
+        if self.rolling and entry is not None and b.version != entry[1].version:
+            self.roll_check.add((b.job, b.group))  # off its version, or none recorded
         reason = _reason(wid, b, entry, alloc, set(), {}, self.rolling)
         if reason is None:
             assert alloc is not None
@@ -93,6 +104,11 @@ class Carry:
         del self.bindings[wid]
         self.by_node[b.node].pop(wid, None)
         self.by_group[(b.job, b.group)].pop(wid, None)
+
+    def changed_jobs(self, jobs: Mapping[str, Job]) -> list[str]:
+        """Ids of the jobs added, stopped or replaced since the carry's pass, sorted."""
+        old = self.jobs
+        return sorted(j for j in jobs.keys() | old.keys() if jobs.get(j) is not old.get(j))
 
 
 def groups_of(jobs: Mapping[str, Job]) -> dict[tuple[str, str], tuple[Job, TaskGroup, Request]]:
@@ -199,6 +215,7 @@ def release_changed(
     jobs: Mapping[str, Job],
     nodes: Mapping[str, Node],
     groups: Groups,
+    changed_jobs: list[str],
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: Release,
@@ -206,19 +223,15 @@ def release_changed(
 ) -> int:
     """Re-check only what may have changed since the carry's pass: the bindings on
     nodes whose object changed (re-held from empty, in binding order, as a full pass
-    would), and those of changed groups and of failed replicas. Returns how many
-    bindings were checked."""
+    would), and those of changed groups (``changed_jobs``: Carry.changed_jobs) and
+    of failed replicas. Returns how many bindings were checked."""
     checked = len(carry.stale)
     for wid, b, why in carry.stale:  # found invalid when loaded
         release(wid, b, why)
     carry.stale = []
-    carry.groups = {}
     old_nodes, old_jobs = carry.nodes, carry.jobs
     changed_nodes = sorted(
         n for n in nodes.keys() | old_nodes.keys() if nodes.get(n) is not old_nodes.get(n)
-    )
-    changed_jobs = sorted(
-        j for j in jobs.keys() | old_jobs.keys() if jobs.get(j) is not old_jobs.get(j)
     )
     cluster = carry.cluster
     if changed_nodes:

@@ -25,7 +25,7 @@ reached it, as before), and an unknown old one otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from forge.core.models import AssignmentStatus, Job, Request, TaskGroup, workload_id
@@ -65,6 +65,9 @@ class RolloutPlan:
     steps: dict[str, Step] = field(default_factory=dict)  # for status
     revert: dict[str, str] = field(default_factory=dict)  # "job/group" -> version to go back to
     stamped: list[str] = field(default_factory=list)  # pre-versions bindings given one
+    #: groups left with bindings that have no version yet (past MAX_STAMPS): the next
+    #: pass must look at them again even if nothing about them changes
+    unstamped: set[tuple[str, str]] = field(default_factory=set)
     wake: float | None = None
 
 
@@ -72,6 +75,11 @@ def version_of(b: Binding, g: TaskGroup, req: Request) -> str:
     if b.version:
         return b.version
     return g.version if (b.cpu, b.memory) == (req.cpu, req.memory) else LEGACY
+
+
+def _group_key(name: str) -> tuple[str, str]:
+    job, group = name.split("/", 1)  # names have no "/" (forge.core.fields.Name)
+    return job, group
 
 
 def has_check(g: TaskGroup) -> bool:
@@ -101,15 +109,25 @@ def plan_rollouts(
     promoted: Mapping[str, None] = {},
     health: Mapping[str, bool] | None = None,
     now: float,
+    only: Collection[tuple[str, str]] | None = None,
 ) -> RolloutPlan:
     """Each group's step. ``failed``: bindings this pass released as failed (a new
     replica that failed fails its rollout); ``promoted``: groups (``job/group``)
     promoted since the last pass; ``health``: check verdicts of rolling groups'
     replicas (None: checks are not counted, as before rollouts-3). Pre-versions
-    bindings are given their version in place (``stamped``: the loop persists them again)."""
+    bindings are given their version in place (``stamped``: the loop persists them again).
+
+    ``only``: the groups that may have a replica off their version (their spec
+    changed, or their bindings were loaded or left unstamped), looked at with the
+    groups rolling now; None looks at every group. A pass with a carry passes it, so
+    its cost follows what changed, not the number of groups: a group outside both
+    has every replica on its version and no rollout, and would be skipped anyway."""
     out = RolloutPlan()
     wakes: list[float] = []
-    for key in sorted(groups):
+    keys: Collection[tuple[str, str]] = groups
+    if only is not None:
+        keys = {k for k in (*only, *map(_group_key, rollouts)) if k in groups}
+    for key in sorted(keys):
         job, g, req = groups[key]
         name = f"{key[0]}/{key[1]}"
         current = rollouts.get(name)
@@ -124,9 +142,12 @@ def plan_rollouts(
                 if gone is not None and gone.version == g.version:
                     replicas.append(Replica(ordinal, g.version, Health.UNHEALTHY, now))
                 continue
-            if not b.version and len(out.stamped) < MAX_STAMPS:
-                b.version = version_of(b, g, req)
-                out.stamped.append(wid)
+            if not b.version:
+                if len(out.stamped) < MAX_STAMPS:
+                    b.version = version_of(b, g, req)
+                    out.stamped.append(wid)
+                else:
+                    out.unstamped.add(key)
             verdict = health.get(wid) if checked and health is not None else None
             state, at = _health(b, since, wid, verdict)
             replicas.append(Replica(ordinal, version_of(b, g, req), state, at))

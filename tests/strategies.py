@@ -249,6 +249,7 @@ def options(draw: st.DrawFn) -> ReconcileOptions:
         backoff_cap=draw(st.sampled_from([300.0, 4.0])),
         max_placements=draw(st.sampled_from([1, 3, 20_000, 20_000])),
         max_work=draw(st.sampled_from([0, 0, 1, 40, 400])),
+        pending_units=draw(st.sampled_from([1, 1, 8])),
         seed=draw(st.integers(0, 3)),
     )
 

@@ -38,6 +38,7 @@ from workflows.patches import (
     PATCH_ROLLOUTS_2,
     PATCH_ROLLOUTS_3,
     PATCH_WORK_BUDGET,
+    PATCH_WORK_BUDGET_2,
 )
 from workflows.presentation import Presentation, status_json
 from workflows.state import binding_row
@@ -45,7 +46,14 @@ from workflows.watch import StoreWatch
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import Node
-    from forge.core.reconcile import DEFAULT_MAX_WORK, Carry, Plan, reconcile
+    from forge.core.reconcile import (
+        DEFAULT_MAX_WORK,
+        MAX_WORK_V2,
+        PENDING_UNITS_V2,
+        Carry,
+        Plan,
+        reconcile,
+    )
     from forge.core.versions import with_tasks_of
     from forge.stores.base import STATE_MOD, rows_digest
     from forge.wire import activity_contract as ac
@@ -60,6 +68,7 @@ __all__ = [
     "PATCH_ROLLOUTS_2",
     "PATCH_ROLLOUTS_3",
     "PATCH_WORK_BUDGET",
+    "PATCH_WORK_BUDGET_2",
     "ClusterWorkflow",
     "DivergenceError",
 ]
@@ -204,7 +213,11 @@ class ClusterWorkflow(Presentation):
             # a pass plans at most this much and defers the rest to the next pass,
             # and re-checks only what changed (the carry), so no activation runs
             # near the SDK's 2 s deadlock limit, however big the cluster
-            options = options.model_copy(update={"max_work": DEFAULT_MAX_WORK})
+            if workflow.patched(PATCH_WORK_BUDGET_2):
+                update = {"max_work": MAX_WORK_V2, "pending_units": PENDING_UNITS_V2}
+            else:
+                update = {"max_work": DEFAULT_MAX_WORK}
+            options = options.model_copy(update=update)
         rolling = workflow.patched(PATCH_ROLLOUTS)
         if rolling:
             options = options.model_copy(update={"rollouts": True})

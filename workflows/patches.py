@@ -11,6 +11,7 @@ __all__ = [
     "PATCH_ROLLOUTS_2",
     "PATCH_ROLLOUTS_3",
     "PATCH_WORK_BUDGET",
+    "PATCH_WORK_BUDGET_2",
 ]
 
 #: workflow.patched ids. A behaviour change to code a pass runs is guarded by one,
@@ -32,3 +33,9 @@ PATCH_ROLLOUTS_3 = "rollouts-3"
 #: GPUs placed to keep devices whole), with the carry. Before it: version 1, and a
 #: run whose options asked version 2 planned every pass without the carry.
 PATCH_PLACEMENT_V2 = "placement-v2"
+#: The work budget of a pass re-measured for what a pass now does (placement version 2,
+#: rollouts): 800,000 units had become ~1 s of planning on an idle core and failed
+#: activations (TMPRL1101) at 10,000 nodes / 300,000 replicas; MAX_WORK_V2 after it,
+#: and a replica left pending costs PENDING_UNITS_V2 (it had cost one unit, ~15x less
+#: than its time).
+PATCH_WORK_BUDGET_2 = "work-budget-2"

@@ -64,6 +64,14 @@ class ReconcileOptions(BaseModel):
         "next pass (0 = no limit); the workflow sets it, so one pass stays far inside "
         "Temporal's 2 s activation limit whatever the cluster",
     )
+    pending_units: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="work units a replica tried and left pending costs (formatting why, "
+        "its backoff entry): the workflow charges more than a node check under "
+        "work-budget-2, so retrying thousands of unplaceable replicas stays in budget",
+    )
     seed: int = 0
     placement_version: int = Field(default=1, ge=1, le=2)
     gpu_reserve: int | None = Field(

@@ -44,7 +44,7 @@ from forge.core.models import (
     TaskGroup,
     workload_id,
 )
-from forge.core.placement import Binding, Choice, Cluster, Placer, diagnosis_text
+from forge.core.placement import Binding, Choice, Cluster, Diagnosis, Placer, diagnosis_text
 from forge.core.plan import (
     DEFAULT_GPU_RESERVE,
     Algorithm,
@@ -59,6 +59,8 @@ from forge.core.rolling import GroupRollout, plan_rollouts
 __all__ = [
     "DEFAULT_GPU_RESERVE",
     "DEFAULT_MAX_WORK",
+    "MAX_WORK_V2",
+    "PENDING_UNITS_V2",
     "Algorithm",
     "Carry",
     "FailureHistory",
@@ -74,9 +76,16 @@ __all__ = [
 DEFAULT_OPTIONS = ReconcileOptions()
 #: Work units one binding costs the release phase (a node check costs one).
 RELEASE_UNITS = 2
-#: The budget the cluster workflow gives a pass: about 0.3 s of planning on a slow
-#: core, a small part of Temporal's 2 s activation limit.
+#: The budget the cluster workflow gave a pass before the work-budget-2 patch (then
+#: about 0.3 s of planning on a slow core; with placement version 2 and rollouts,
+#: ~1 s: a unit costs ~1.3 us on this machine's cores, measured by bench/e2e.py).
 DEFAULT_MAX_WORK = 800_000
+#: The budget after the work-budget-2 patch: ~0.4 s of planning on an idle core,
+#: leaving room under Temporal's 2 s activation limit on a loaded machine.
+MAX_WORK_V2 = 300_000
+#: What a replica tried and left pending costs after work-budget-2 (measured: about
+#: eight node checks' time), so a pass retrying 30,000 unplaceable replicas defers.
+PENDING_UNITS_V2 = 8
 
 
 def backoff_delay(attempts: int, options: ReconcileOptions) -> float:
@@ -228,8 +237,21 @@ def reconcile(
     last_gpu_job = last_asking if placer.reserving else -1
     gpu_waiting = False  # a GPU replica of this pass that some node could take is unbound
 
+    # per class and pass: a pending class's answers do not change within the pass
+    # (could_ever_fit looks at total capacity; a diagnosis is formatted once). Keyed
+    # by identity: a group's request and constraints, and a class's diagnosis, are
+    # one object each for the whole pass (held by ``groups`` and the placer).
+    ever_fits: dict[tuple[int, int], bool] = {}
+    texts: dict[int, tuple[Diagnosis, str]] = {}
+
     def waits_for_gpu(req: Request, constraints: tuple[Constraint, ...]) -> bool:
-        return bool(req.gpu) and placer.reserving and placer.could_ever_fit(req, constraints)
+        if not (req.gpu and placer.reserving):
+            return False
+        key = (id(req), id(constraints))
+        fits = ever_fits.get(key)
+        if fits is None:
+            fits = ever_fits[key] = placer.could_ever_fit(req, constraints)
+        return fits
 
     # replicas without GPUs refused while the reservation held: tried again if it is
     # lifted later in the pass, so nothing is left pending that fits (invariant 4)
@@ -299,7 +321,11 @@ def reconcile(
                     if not req.gpu and placer.reserving:
                         held_back.append((wid, job, g, ordinal, req))
                     attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-                    why = diagnosis_text(placer.why_not(req, constraints))
+                    diagnosis = placer.why_not(req, constraints)
+                    said = texts.get(id(diagnosis))
+                    if said is None:  # (the diagnosis is kept with its text: alive)
+                        said = texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
+                    why = said[1]
                     shared = backoff_entries.get((attempts, why))
                     if shared is None:
                         shared = backoff_entries[(attempts, why)] = PendingEntry(
@@ -310,6 +336,7 @@ def reconcile(
                         )
                     plan.pending[wid] = shared
                     waiting += 1
+                    visited += options.pending_units - 1  # (one was counted above)
                     gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
                     continue
                 b = _binding(job, g, ordinal, choice, req, options)

@@ -31,6 +31,7 @@ class Eligibility:
         self._static_ids: dict[tuple[object, ...], set[int]] = {}
         self._static_why: dict[tuple[object, ...], dict[Rejection, int]] = {}
         self._tallies: tuple[dict[Rejection, int], dict[int, int]] | None = None
+        self._ready: list[NodeAlloc] | None = None  # the schedulable nodes, in order
         self._most_gpus = max((len(n.node.gpus) for n in order), default=0)
         self._tainted = any(n.node.taints for n in order)
 
@@ -41,7 +42,9 @@ class Eligibility:
         if nodes is None:
             # the same nodes in the same order as one combined filter, each rule a
             # pass of its own so a pass without constraints or GPUs costs nothing
-            nodes = [n for n in self.order if n.schedulable]
+            if self._ready is None:  # one sweep per pass, whatever the number of rules
+                self._ready = [n for n in self.order if n.schedulable]
+            nodes = list(self._ready)
             self.work += len(self.order) // COPY_PER_UNIT
             if req.gpu > self._most_gpus:
                 nodes = []  # more devices than any node has: nothing to look at

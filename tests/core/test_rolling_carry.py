@@ -197,3 +197,42 @@ def test_a_carried_pass_rolls_exactly_as_a_pass_over_every_group(
             b = carried.pass_(jobs, now, failed, promoted)
             assert _decided(b) == _decided(a), f"after {ev}: a carried pass rolled differently"
             now += 0.1
+
+
+def test_a_steady_carried_pass_looks_at_no_group_that_cannot_roll() -> None:
+    """The bound the property above does not see: with nothing changed, a carried
+    pass looks at the rolling groups only, not at the 2,000 others (a pass over
+    every group once made the loop's activations grow with the cluster)."""
+    nodes = {f"n{i}": Node(id=f"n{i}", cpu=64_000, memory=262_144) for i in range(40)}
+    jobs = {f"j{i}": _job(i, "a", 250, 1, 0) for i in range(2000)}
+    loop = Loop({}, carried=True)
+    options = ReconcileOptions(rollouts=True, placement_version=2)
+
+    def run(jobs: dict[str, Job]) -> None:
+        plan = reconcile(
+            jobs=jobs, nodes=nodes, bindings=loop.bindings, pending={}, failures={},
+            now=1.0, options=options, carry=loop.carry, rollouts=loop.rollouts,
+        )  # fmt: skip
+        loop.bindings, loop.carry = plan.bindings, plan.carry
+        assert plan.rollouts is not None
+        loop.rollouts = plan.rollouts.rollouts
+
+    run(jobs)
+    assert len(loop.bindings) == 2000
+    looked: list[str] = []
+    real = rolling._health
+
+    def counting(b: Binding, *args: Any) -> Any:
+        looked.append(b.workload_id)
+        return real(b, *args)
+
+    with mock.patch.object(rolling, "_health", counting):
+        run(jobs)  # nothing changed
+        assert looked == []
+        jobs = {**jobs, "j7": _job(7, "b", 250, 1, 0)}  # one spec changed: one group
+        run(jobs)
+        assert looked == ["j7/g/0"]
+        assert list(loop.rollouts) == ["j7/g"]
+        looked.clear()
+        run(jobs)  # the rollout goes on: its group only
+        assert set(looked) == {"j7/g/0"}

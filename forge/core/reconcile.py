@@ -411,21 +411,15 @@ def _order(
 ) -> tuple[list[Job], int]:
     """The jobs in placement order, and the position of the last that asks GPUs."""
 
-    def asks_gpu(j: Job) -> bool:
-        return any(groups[(j.id, g.name)][2].gpu for g in j.groups)
-
+    asks = {j.id: any(groups[(j.id, g.name)][2].gpu for g in j.groups) for j in jobs.values()}
     if version >= 2:
         # within one priority, jobs that ask GPUs first: they can only use GPU
         # nodes, and work without GPUs then fills what they leave there (beyond
         # the reservation of the GPUs still free) before it opens another node
-        keyed = [(-j.priority, not asks_gpu(j), j.id, j) for j in jobs.values()]
-        keyed.sort(key=lambda k: k[:3])
-        ordered = [k[3] for k in keyed]
-        last = max((i for i, k in enumerate(keyed) if not k[1]), default=-1)
+        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, not asks[j.id], j.id))
     else:
         ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
-        last = max((i for i, j in enumerate(ordered) if asks_gpu(j)), default=-1)
-    return ordered, last
+    return ordered, max((i for i, j in enumerate(ordered) if asks[j.id]), default=-1)
 
 
 def _defer_groups(

@@ -104,7 +104,13 @@ def local_node(node_id: str = "n1") -> Node:
 def task_processes(match: dict[str, str]) -> dict[int, str]:
     """pid -> workload id of the live task processes whose environment has every
     item of ``match`` (a task process: one an agent started, with FORGE_WORKLOAD_ID)."""
-    found: dict[int, str] = {}
+    return {pid: env["FORGE_WORKLOAD_ID"] for pid, env in task_environs(match).items()}
+
+
+def task_environs(match: dict[str, str]) -> dict[int, dict[str, str]]:
+    """pid -> environment of the live task processes whose environment has every
+    item of ``match`` (what a task was started with: its workload id, its version's env)."""
+    found: dict[int, dict[str, str]] = {}
     for proc in psutil.process_iter():
         try:
             if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
@@ -112,9 +118,8 @@ def task_processes(match: dict[str, str]) -> dict[int, str]:
             env = proc.environ()
         except psutil.Error:
             continue
-        wid = env.get("FORGE_WORKLOAD_ID")
-        if wid and all(env.get(k) == v for k, v in match.items()):
-            found[proc.pid] = wid
+        if env.get("FORGE_WORKLOAD_ID") and all(env.get(k) == v for k, v in match.items()):
+            found[proc.pid] = env
     return found
 
 

@@ -7,8 +7,11 @@ web job's replica count), so each still says one thing on its own: 30 replicas
 answer on their ports; ``forge status`` shows each node's usage and ports; a task
 killed with SIGKILL is restarted by the reschedule policy; a drained node's
 processes stop and run elsewhere; scaling down ends the processes; a CPU-burning
-autoscaled group grows within two autoscale periods; and last, a ``kill -9`` of an
-agent moves its replicas within the heartbeat TTL + 5 s.
+autoscaled group grows within two autoscale periods; rolling updates (a checked group
+rolls with 5 of 6 answering and a crashing version is reverted; a canary of one waits
+for ``forge job promote``; a ``kill -9`` of the worker mid-rollout resumes its wave
+and runs no replica twice); and last, a ``kill -9`` of an agent moves its replicas
+within the heartbeat TTL + 5 s.
 
 What runs is found from the outside, as an operator would: the task processes by
 their environment (``FORGE_WORKLOAD_ID``, see ``task_processes``), their ports from
@@ -40,7 +43,7 @@ from forge.core.models import Assignment, Job
 from forge.core.rollout import UpdatePolicy
 from forge.stores import SqliteStore
 from forge.wire import contract as c
-from tests.agent.helpers import alive, kill_tasks, task_processes
+from tests.agent.helpers import alive, kill_tasks, task_environs, task_processes
 from tests.e2e.procs import ROOT, WorkerProc, eventually
 
 pytestmark = pytest.mark.slow
@@ -67,6 +70,17 @@ class Cluster:
     env: dict[str, str]
     worker: WorkerProc
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    workers_started: int = 1
+
+    def new_worker(self) -> None:
+        """Start another ``worker.py`` on the cluster's task queue (after a kill)."""
+        self.workers_started += 1
+        self.worker = WorkerProc(
+            self.env["FORGE_TEMPORAL_ADDRESS"],
+            self.env["FORGE_TASK_QUEUE"],
+            self.env["FORGE_STORE"],
+            self.tmp / f"worker-{self.workers_started}.log",
+        )
 
     def start_agent(self, node: str) -> None:
         log = (self.tmp / f"agent-{node}.log").open("ab")
@@ -408,18 +422,25 @@ ROLL_UPDATE = {
 ROLL_CHECK = {"http": {"port": "http", "path": "/"}, "interval": 0.2, "timeout": 1.0}
 
 
-def _roll(env: str, code: str = SERVE) -> Job:
-    job = _job("roll", code, 6, ports=["http"], stop_grace=2.0, env={"V": env}, check=ROLL_CHECK)
-    g = job.groups[0].model_copy(update={"update": UpdatePolicy(**ROLL_UPDATE)})
-    return job.model_copy(update={"groups": (g,)})
+def _roll(
+    env: str, code: str = SERVE, *, job: str = "roll", update: dict[str, Any] | None = None
+) -> Job:
+    """A 6-replica HTTP group with a health check; ``env`` is its ``V`` (the change)."""
+    spec = _job(job, code, 6, ports=["http"], stop_grace=2.0, env={"V": env}, check=ROLL_CHECK)
+    policy = UpdatePolicy(**(ROLL_UPDATE if update is None else update))
+    g = spec.groups[0].model_copy(update={"update": policy})
+    return spec.model_copy(update={"groups": (g,)})
 
 
 @dataclass
 class Watch:
-    """Polls the roll group every 0.2 s: how many replicas answer HTTP, and the
-    versions bound; each poll's counts are kept."""
+    """Polls one job's group every 0.2 s: how many replicas answer HTTP, and the
+    versions bound; each poll's counts are kept. With ``processes`` it also records
+    every task process seen: pid -> (workload id, its ``V``)."""
 
     cl: Cluster
+    job: str = "roll"
+    processes: dict[int, tuple[str, str]] | None = None
     seq: int = 0
     ports: dict[tuple[str, str], int] = field(default_factory=dict)  # (wid, node) -> port
     answering: list[int] = field(default_factory=list)
@@ -428,9 +449,13 @@ class Watch:
     def poll(self) -> None:
         for r in self.cl.store.reports_since(CLUSTER, self.seq, limit=100_000):
             self.seq = r.seq
-            if r.workload_id.startswith("roll/") and "ports http=" in r.message:
+            if r.workload_id.startswith(f"{self.job}/") and "ports http=" in r.message:
                 self.ports[(r.workload_id, r.node)] = int(r.message.rsplit("=", 1)[1])
-        bound = self.cl.bindings("roll")
+        if self.processes is not None:
+            for pid, env in task_environs({"FORGE_CLUSTER": CLUSTER}).items():
+                if env["FORGE_WORKLOAD_ID"].startswith(f"{self.job}/"):
+                    self.processes[pid] = (env["FORGE_WORKLOAD_ID"], env.get("V", ""))
+        bound = self.cl.bindings(self.job)
         urls = [self.ports.get((a.workload_id, a.node)) for a in bound]
         self.answering.append(sum(1 for p in urls if p is not None and _get(p) == 200))
         self.versions.append(Counter(a.version for a in bound))
@@ -440,6 +465,37 @@ class Watch:
             await asyncio.to_thread(self.poll)
             await asyncio.sleep(0.2)  # the poll interval, not synchronisation
 
+    async def last(self) -> tuple[Counter[str], int] | None:
+        """The latest poll: versions bound, replicas answering (None before one)."""
+        if not self.versions or not self.answering:
+            return None
+        return self.versions[-1], self.answering[-1]
+
+    def clear(self) -> None:
+        self.answering.clear()
+        self.versions.clear()
+
+
+def all_on(version: str) -> Callable[[tuple[Counter[str], int] | None], bool]:
+    """The watched group's 6 replicas are bound to ``version`` and all answer."""
+    return lambda got: got == (Counter({version: 6}), 6)
+
+
+def _phase(doc: c.LoopStatus, group: str) -> str | None:
+    """The published phase of ``group``'s rollout (None: no rollout)."""
+    return next((r.phase for r in doc.rollouts if r.group == group), None)
+
+
+async def _rollout_done(cl: Cluster, group: str) -> None:
+    """Done once the last new replica has been healthy min_healthy_time (the store
+    says the new version as soon as it is bound, before its agent has replaced the
+    process)."""
+    await eventually(
+        cl.fc.published,
+        lambda d: d is not None and all(r.group != group for r in d.rollouts),
+        what=f"the rollout of {group} done",
+    )
+
 
 async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_crashing_version(
     show_logs_on_failure,
@@ -448,30 +504,17 @@ async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_cr
     v1, v2 = _roll("1"), _roll("2")
     await cl.fc.submit_job(v1)
     watch = Watch(cl)
-
-    async def settled() -> tuple[Counter[str], int] | None:
-        if not watch.versions or not watch.answering:
-            return None
-        return watch.versions[-1], watch.answering[-1]
-
-    def all_on(version: str) -> Callable[[tuple[Counter[str], int] | None], bool]:
-        return lambda got: got == (Counter({version: 6}), 6)
-
+    settled = watch.last
     ver1, ver2 = v1.groups[0].version, v2.groups[0].version
     stop = asyncio.Event()
     poller = asyncio.create_task(watch.run(stop))
     try:
         await eventually(settled, all_on(ver1), timeout=60, what="6 replicas of v1 answering")
         before = {pid for pids in cl.processes("roll").values() for pid in pids}
-        watch.answering.clear()
-        watch.versions.clear()
+        watch.clear()
         await cl.fc.submit_job(v2)
         await eventually(settled, all_on(ver2), timeout=90, what="6 replicas of v2")
-        # done once the last new replica has been healthy min_healthy_time (the store
-        # says v2 as soon as it is bound, before its agent has replaced the process)
-        await eventually(
-            cl.fc.published, lambda d: d is not None and not d.rollouts, what="rollout done"
-        )
+        await _rollout_done(cl, "roll/main")
         assert min(watch.answering) >= 5, watch.answering
         assert len(watch.answering) > 10  # polled through the whole rollout
         assert all(sum(v.values()) == 6 for v in watch.versions)
@@ -483,8 +526,7 @@ async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_cr
         # the group goes back to v2 (auto_revert), all 6 healthy
         bad = _roll("3", code="raise SystemExit(3)")
         ver3 = bad.groups[0].version
-        watch.answering.clear()
-        watch.versions.clear()
+        watch.clear()
         await cl.fc.submit_job(bad)
         await eventually(
             _now(lambda: [v.version for v in cl.store.group_versions(CLUSTER, "roll")]),
@@ -501,6 +543,99 @@ async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_cr
     await cl.fc.stop_job("roll")
     await eventually(
         _now(lambda: cl.processes("roll")), lambda p: not p, timeout=30, what="roll stopped"
+    )
+
+
+async def test_a_canary_of_one_waits_for_forge_job_promote(show_logs_on_failure) -> None:
+    cl: Cluster = show_logs_on_failure
+    update = {**ROLL_UPDATE, "canary": 1, "auto_revert": False}
+    v1, v2 = _roll("1", job="canary", update=update), _roll("2", job="canary", update=update)
+    ver1, ver2 = v1.groups[0].version, v2.groups[0].version
+    watch = Watch(cl, job="canary")
+    stop = asyncio.Event()
+    poller = asyncio.create_task(watch.run(stop))
+    try:
+        await cl.fc.submit_job(v1)
+        await eventually(watch.last, all_on(ver1), timeout=60, what="6 canary replicas of v1")
+        watch.clear()
+        await cl.fc.submit_job(v2)
+        await eventually(
+            cl.fc.published,
+            lambda d: d is not None and _phase(d, "canary/main") == "awaiting-promotion",
+            timeout=60,
+            what="the rollout holding at its canary",
+        )
+        # held: one replica on the new version (healthy for min_healthy_time), five old
+        assert Counter(a.version for a in cl.bindings("canary")) == Counter({ver1: 5, ver2: 1})
+        status = await _forge(cl, "job", "status", "canary")
+        assert "rollout: awaiting-promotion" in status, status
+        assert "waiting for `forge job promote`" in status, status
+        held = len(watch.versions)
+        promoted = await _forge(cl, "job", "promote", "canary")
+        assert "canary/main: promoted" in promoted
+        await eventually(watch.last, all_on(ver2), timeout=90, what="6 canary replicas of v2")
+        await _rollout_done(cl, "canary/main")
+        before_promote = watch.versions[:held]
+        assert max(v[ver2] for v in before_promote) == 1, before_promote  # the canary only
+        assert min(watch.answering) >= 5, watch.answering
+    finally:
+        stop.set()
+        await poller
+    await cl.fc.stop_job("canary")
+    await eventually(
+        _now(lambda: cl.processes("canary")), lambda p: not p, timeout=30, what="canary stopped"
+    )
+
+
+async def test_kill_9_of_the_worker_mid_rollout_resumes_its_wave_and_runs_no_replica_twice(
+    show_logs_on_failure,
+) -> None:
+    cl: Cluster = show_logs_on_failure
+    # waves of 2, each healthy 3 s before the next: long enough to kill inside one
+    update = {"max_parallel": 2, "min_healthy_time": 3.0, "healthy_deadline": 60.0}
+    v1, v2 = _roll("1", job="takeover", update=update), _roll("2", job="takeover", update=update)
+    ver1, ver2 = v1.groups[0].version, v2.groups[0].version
+    seen: dict[int, tuple[str, str]] = {}
+    watch = Watch(cl, job="takeover", processes=seen)
+    stop = asyncio.Event()
+    poller = asyncio.create_task(watch.run(stop))
+    try:
+        await cl.fc.submit_job(v1)
+        await eventually(watch.last, all_on(ver1), timeout=60, what="6 takeover replicas of v1")
+        watch.clear()
+        await cl.fc.submit_job(v2)
+        # the second wave bound: the first wave's replicas run v2 and were healthy
+        bound_at_kill = await eventually(
+            _now(lambda: Counter(a.version for a in cl.bindings("takeover"))[ver2]),
+            lambda n: n in (3, 4),
+            timeout=60,
+            what="the rollout in its second wave",
+        )
+        cl.worker.kill9()
+        at_kill = len(watch.versions)
+        first_wave = {pid for pid, (_, v) in seen.items() if v == "2" and alive(pid)}
+        cl.new_worker()
+        await eventually(watch.last, all_on(ver2), timeout=120, what="6 takeover replicas of v2")
+        await _rollout_done(cl, "takeover/main")
+    finally:
+        stop.set()
+        await poller
+    # the rollout went on from its wave: the new version never lost a replica...
+    on_new = [v[ver2] for v in watch.versions]
+    assert on_new == sorted(on_new), on_new
+    assert min(on_new[at_kill:]) >= bound_at_kill and on_new[-1] == 6, (at_kill, on_new)
+    # ...the replicas it had started before the kill still run, the same processes...
+    assert len(first_wave) >= 2, seen
+    assert all(alive(pid) for pid in first_wave), (first_wave, seen)
+    # ...and no replica ran twice: each was started once on the old version and
+    # once on the new, never again
+    starts = Counter(seen.values())
+    assert sorted(starts) == sorted((f"takeover/main/{i}", v) for i in range(6) for v in "12")
+    assert set(starts.values()) == {1}, starts
+    assert min(watch.answering) >= 6 - update["max_parallel"], watch.answering
+    await cl.fc.stop_job("takeover")
+    await eventually(
+        _now(lambda: cl.processes("takeover")), lambda p: not p, timeout=30, what="takeover stopped"
     )
 
 

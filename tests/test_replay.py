@@ -26,7 +26,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.core import reconcile
+from forge.core import reconcile, rolling
 from forge.core.models import Job
 from forge.core.placement import scorers, select
 from forge.wire.codec import data_converter
@@ -34,9 +34,12 @@ from workflows.cluster import ClusterWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 DEV = [p for p in HISTORIES if p.stem.startswith("dev-")]
-#: The corpus recorded before this round's patched changes (work budget, published
-#: status, dropped signals): today's code must still replay them exactly.
-EARLIER = sorted((Path(__file__).parent / "histories" / "v1").glob("*.json"))
+#: Corpora recorded before later patched changes, kept so today's code must still
+#: replay them exactly: v1 before the work budget, the published status and dropped
+#: signals; v2 before rollouts (rollouts-1..3), placement-v2 and work-budget-2.
+EARLIER = sorted(
+    p for v in ("v1", "v2") for p in (Path(__file__).parent / "histories" / v).glob("*.json")
+)
 
 
 def _history(path: Path) -> WorkflowHistory:
@@ -44,7 +47,10 @@ def _history(path: Path) -> WorkflowHistory:
 
 
 def test_the_corpus_covers_both_durable_stores_and_every_scenario() -> None:
-    scenarios = {"priority", "gpu", "failures", "backoff", "nodes", "autoscale", "continue_as_new"}
+    scenarios = {
+        "priority", "gpu", "failures", "backoff", "nodes", "autoscale", "continue_as_new",
+        "rollout",
+    }  # fmt: skip
     for store in ("sqlite", "postgres"):
         recorded = {p.stem.split("-")[2] for p in DEV if p.stem.startswith(f"dev-{store}-")}
         assert recorded == scenarios, f"{store}: run `make histories` ({scenarios - recorded})"
@@ -88,6 +94,13 @@ def _no_gpu_preservation(algorithm: str, **kw: Any) -> tuple[scorers.Weighted, .
 
 _ORIGINAL_BACKOFF = reconcile.backoff_delay
 _ORIGINAL_RESCHEDULE = reconcile.reschedule_delay
+_ORIGINAL_STEP = rolling.step
+
+
+def _wider_waves(*, policy: Any, **kw: Any) -> Any:
+    wider = policy.model_copy(update={"max_parallel": policy.max_parallel + 1})
+    return _ORIGINAL_STEP(policy=wider, **kw)
+
 
 CHANGES: dict[str, list[tuple[object, str, object]]] = {
     "priority order reversed": [(reconcile, "sorted", _priority_reversed)],
@@ -107,6 +120,7 @@ CHANGES: dict[str, list[tuple[object, str, object]]] = {
     "reschedule delays doubled": [
         (reconcile, "reschedule_delay", lambda p, n: 2 * _ORIGINAL_RESCHEDULE(p, n)),
     ],
+    "rollout waves one replica wider": [(rolling, "step", _wider_waves)],
 }
 
 
@@ -135,7 +149,9 @@ async def test_an_unpatched_change_is_detected_on_replay(
         monkeypatch.setattr(target, name, value, raising=name != "sorted")
     replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
     caught: list[str] = []
-    for path in DEV:
+    # every dev recording, the earlier corpora's too: a change to what a patch
+    # replaced (placement version 1's scorers) shows only in runs from before it
+    for path in DEV + [p for p in EARLIER if p.stem.startswith("dev-")]:
         result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
         if result.replay_failure is not None:
             caught.append(f"{path.stem}: {type(result.replay_failure).__name__}")

@@ -145,24 +145,38 @@ def fragmentation(
         total += left
     if not total:
         return 0.0
+    # what the tasks of one model set can use, and of it what one per-device request
+    # can (tasks share model sets and requests: computed once per call)
+    usable_by: dict[frozenset[str], tuple[list[int], int]] = {}
+    room_by: dict[tuple[frozenset[str], int], int] = {}
     frag = 0.0
     for t in tasks:
         if not t.count or cpu_free < t.cpu or (t.memory and mem_free < t.memory):
             frag += t.p * total
             continue
-        usable = [left for model, left in devices if not t.models or model in t.models]
+        got = usable_by.get(t.models)
+        if got is None:
+            usable = [left for model, left in devices if not t.models or model in t.models]
+            got = usable_by[t.models] = (usable, sum(1 for left in usable if left == GPU_MILLI))
+        usable, whole = got
         if not usable:
             frag += t.p * total
             continue
         if t.milli < GPU_MILLI:
-            fits = any(left >= t.milli for left in usable)
+            room = room_by.get((t.models, t.milli))
+            if room is None:
+                room = room_by[(t.models, t.milli)] = sum(
+                    left for left in usable if left >= t.milli
+                )
+            fits = room > 0  # some device has at least the share (a share is > 0)
         else:
-            fits = sum(1 for left in usable if left == GPU_MILLI) >= t.count
+            room = whole * GPU_MILLI
+            fits = whole >= t.count
         if not fits:
             frag += t.p * total
             continue
         # devices this task cannot use: too little left, or a model it excludes
-        frag += t.p * (total - sum(left for left in usable if left >= t.milli))
+        frag += t.p * (total - room)
     return frag
 
 

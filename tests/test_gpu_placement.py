@@ -292,7 +292,7 @@ def brute_fits(
     reqs=st.lists(gpu_requests(), min_size=1, max_size=40),
     reserve=st.sampled_from([0, 500, 1000]),
     candidates=st.sampled_from([1, 2, 0]),
-    algorithm=st.sampled_from(["binpack", "spread", "fgd", "best-fit", "gpu-packing"]),
+    algorithm=st.sampled_from(["binpack", "spread", "fgd", "fgd2", "best-fit", "gpu-packing"]),
     version=st.sampled_from([1, 2]),
     seed=st.integers(0, 3),
 )
@@ -351,7 +351,9 @@ def test_placement_is_exact_per_device_and_complete(
 @given(
     nodes=gpu_clusters(),
     reqs=st.lists(gpu_requests(), min_size=1, max_size=30),
-    algorithm=st.sampled_from(["binpack", "fgd", "random", "gpu-clustering", "dot-product"]),
+    algorithm=st.sampled_from(
+        ["binpack", "fgd", "fgd2", "random", "gpu-clustering", "dot-product"]
+    ),
     seed=st.integers(0, 3),
 )
 def test_placement_is_deterministic(
@@ -390,6 +392,7 @@ def test_scores_are_bounded_and_the_v2_fast_path_agrees(
         "binpack",
         "spread",
         "fgd",
+        "fgd2",
         "best-fit",
         "dot-product",
         "gpu-packing",
@@ -626,6 +629,46 @@ def test_fgd_keeps_a_whole_node_for_the_whole_gpu_work_it_expects() -> None:
     choice = Placer(c, algorithm="fgd", candidates=0, workload=workload).place(share(300))
     assert choice is not None and choice.node.id == "b" and choice.gpu_ids == ("gpu1",)
     assert c.by_id["b"].gpu_left == [500, 700, 1000, 1000]
+
+
+def test_fgd2_counts_the_gpus_a_node_has_no_memory_left_for() -> None:
+    """fgd2's F: a node without the memory a typical task asks gives it nothing, so
+    a 1-GPU replica goes where the other GPU keeps memory for the expected work
+    (fgd, which looks at cpu only, sees the two nodes alike)."""
+    from forge.core.placement import TypicalTask, fragmentation
+
+    task = TypicalTask(cpu=1000, milli=GPU_MILLI, count=1, models=frozenset(), p=1.0, memory=32)
+    devices = [("H100", GPU_MILLI)]
+    assert fragmentation(8000, devices, (task,), mem_free=32) == 0
+    assert fragmentation(8000, devices, (task,), mem_free=31) == GPU_MILLI
+    one = Request(cpu=1000, memory=20 * GIB, gpu=1)
+    workload = [(Request(cpu=1000, memory=32 * GIB, gpu=1), 1.0)]
+    for seed in range(4):
+        nodes = [gpu_node("tight", memory=40 * GIB), gpu_node("roomy", memory=64 * GIB)]
+        c = Cluster(nodes)
+        p = Placer(c, algorithm="fgd2", candidates=0, seed=seed, workload=workload)
+        choice = p.place(one)
+        assert choice is not None and choice.node.id == "roomy"
+
+
+def test_fgd2_scores_a_wider_window_for_multi_gpu_requests_only() -> None:
+    """A request for two or more whole GPUs scores WIDE times the window; a share,
+    one GPU or no GPU the selector's own; fgd never widens."""
+    from forge.core.placement.fragmentation import WIDE, Fgd
+
+    fgd, fgd2 = Fgd(), Fgd(memory=True)
+    two = Request(cpu=1000, memory=GIB, gpu=2)
+    for req in (two, Request(cpu=1000, memory=GIB, gpu=1), share(300), Request(cpu=1, memory=1)):
+        assert fgd.window(req, 16) == 16
+        assert fgd2.window(req, 16) == (16 * WIDE if req is two else 16)
+    # with a window of one node, the 2-GPU replica still finds the 2-GPU node that
+    # fits it whole instead of breaking an 8-GPU node
+    for seed in range(6):
+        nodes = [gpu_node(f"big{i}", gpus=8) for i in range(4)] + [gpu_node("pair", gpus=2)]
+        workload = [(Request(cpu=1000, memory=GIB, gpu=8), 1.0), (two, 1.0)]
+        p = Placer(Cluster(nodes), algorithm="fgd2", candidates=1, seed=seed, workload=workload)
+        choice = p.place(two)
+        assert choice is not None and choice.node.id == "pair"
 
 
 def test_a_gpu_job_no_node_could_ever_take_keeps_no_reservation() -> None:

@@ -105,7 +105,7 @@ def gpu_jobs(draw: st.DrawFn, job_id: str) -> Job:
 def v2_options(draw: st.DrawFn) -> ReconcileOptions:
     return ReconcileOptions(
         placement_version=2,
-        algorithm=draw(st.sampled_from(["binpack", "spread", "fgd"])),
+        algorithm=draw(st.sampled_from(["binpack", "spread", "fgd", "fgd2"])),
         candidates=draw(st.sampled_from([0, 1, 2, 8])),
         max_placements=draw(st.sampled_from([1, 3, 20_000])),
         gpu_reserve=draw(st.sampled_from([None, None, 250, 1000])),

@@ -211,7 +211,7 @@ def reconcile(
 
     capacity_freed = capacity_changed or bool(plan.released)
     workload: list[tuple[Request, float]] = []
-    if options.algorithm == "fgd":
+    if options.algorithm in ("fgd", "fgd2"):
         # the typical work: every desired replica of the jobs held, by shape
         workload = [(r, float(g.scaling.desired)) for _, g, r in groups.values()]
     placer = Placer(

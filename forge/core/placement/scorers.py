@@ -93,6 +93,7 @@ Algorithm = Literal[
     "binpack",
     "spread",
     "fgd",
+    "fgd2",
     "best-fit",
     "dot-product",
     "gpu-packing",
@@ -116,7 +117,8 @@ def scorers_for(
     keeps GPU nodes for GPU work, so the preference is dropped (it cost nodes and
     placed no more GPU work) and binpack fills nodes in use before it opens one
     (:class:`PackUsed`). ``workload`` (requests with their weights) is what
-    :class:`forge.core.placement.fragmentation.Fgd` expects to arrive; ``seed`` seeds ``random``.
+    :class:`forge.core.placement.fragmentation.Fgd` expects to arrive (fgd and fgd2);
+    ``seed`` seeds ``random``.
     """
     if algorithm == "binpack":
         if version >= 2:
@@ -132,6 +134,8 @@ def scorers_for(
 
     if algorithm == "fgd":
         return (Weighted(Fgd(workload), 1.0),)
+    if algorithm == "fgd2":
+        return (Weighted(Fgd(workload, memory=True), 1.0),)
     if algorithm == "best-fit":
         return (Weighted(gpu.BestFit(), 1.0),)
     if algorithm == "dot-product":

@@ -72,6 +72,13 @@ class _PicksDevice(Protocol):
 
 
 @runtime_checkable
+class _Widens(Protocol):
+    """A scorer that scores more nodes for some requests (fgd2: multi-GPU ones)."""
+
+    def window(self, req: Request, candidates: int) -> int: ...
+
+
+@runtime_checkable
 class _Observes(Protocol):
     """A scorer that learns from the placements made (gpu-clustering)."""
 
@@ -119,6 +126,10 @@ class Placer:
         # a scorer that also picks the device of a shared (fractional) request
         self._device: _PicksDevice | None = next(
             (w.scorer for w in self.scorers if isinstance(w.scorer, _PicksDevice)), None
+        )
+        # a scorer that scores more nodes for some requests (fgd2)
+        self._widens: _Widens | None = next(
+            (w.scorer for w in self.scorers if isinstance(w.scorer, _Widens)), None
         )
         # scorers that learn from placements (gpu-clustering)
         self._observers = [w.scorer for w in self.scorers if isinstance(w.scorer, _Observes)]
@@ -327,7 +338,14 @@ class Placer:
             cls.cands.append(node)
             cls.alive.append(1)
         if cls.extra:
-            drain(cls, req, self.candidates)
+            drain(cls, req, self._limit(req))
+
+    def _limit(self, req: Request) -> int:
+        """The nodes scored for ``req``: the placer's candidates, or a scorer's wider
+        window for it (0 stays 0: all)."""
+        if self._widens is None or self.candidates <= 0:
+            return self.candidates
+        return self._widens.window(req, self.candidates)
 
     def _kill(self, cls: _Class, pos: int, req: Request) -> None:
         if cls.alive[pos]:
@@ -336,10 +354,11 @@ class Placer:
             cls.reject(cls.cands[pos], req)
 
     def _scan(self, cls: _Class, req: Request) -> Found:
+        limit = self._limit(req)
         if self.algorithm != "spread":
-            found, work = scan_window(cls, req, self.candidates)
+            found, work = scan_window(cls, req, limit)
         else:
-            found, work = scan_ring(cls, req, self.candidates)
+            found, work = scan_ring(cls, req, limit)
         self._work += work
         return found
 

@@ -102,6 +102,7 @@ def scan_window(cls: EquivalenceClass, req: Request, candidates: int) -> tuple[F
         i += 1
     cls.frontier = i
     cls.window = [pos for pos, _ in found]
+    cls.fresh = False
     return found, checked + (i - start) + len(found)
 
 
@@ -149,6 +150,7 @@ def best_in_window(
     work = n_old + (i - cls.frontier) + len(window)
     cls.frontier = i
     cls.window = window
+    cls.fresh = False
     return best_pos, best, best_score, work
 
 

@@ -36,6 +36,9 @@ from forge.core.placement import (
     scorers_for,
     utilisation_after,
 )
+from forge.core.placement.classes import EquivalenceClass
+from forge.core.placement.kernel import default_score, fits
+from forge.core.placement.scan import AVOID_PENALTY, best_in_window
 from forge.core.placement.select import _fast_scorer
 from tests import strategies as fs
 
@@ -280,6 +283,44 @@ def test_scores_are_bounded_and_the_fast_path_agrees(
             fast = _fast_scorer(chain)
             assert fast is not None
             assert fast(a, r) == pytest.approx(s, abs=1e-9)
+
+
+@FAST
+@given(
+    c=loaded_clusters(),
+    rc=requests(),
+    preserve=st.booleans(),
+    reserve=st.integers(0, 8),
+    avoid=st.booleans(),
+)
+def test_the_window_scan_fits_and_scores_as_the_kernels(
+    c: Cluster,
+    rc: tuple[Request, tuple[Constraint, ...]],
+    preserve: bool,
+    reserve: int,
+    avoid: bool,
+) -> None:
+    """best_in_window writes the fit and score kernels out (the hot loop of a
+    pass): its window and its choice must be exactly theirs, to the last bit."""
+    r, _ = rc
+    for a in c.nodes:
+        if a.node.gpus:  # some GPU reservation, which only work without GPUs sees
+            a.res_cpu = a.node.cpu * reserve // 8
+            a.res_mem = a.node.memory * reserve // 8
+    avoid_id = c.nodes[0].id if avoid and c.nodes else None
+    cls = EquivalenceClass(list(c.nodes))
+    pos, best, score, _ = best_in_window(cls, r, avoid_id, 0, preserve=preserve)
+    fitting = [i for i, a in enumerate(c.nodes) if fits(a, r)]
+    assert cls.window == fitting
+    want_pos, want = -1, -1e18
+    for i in fitting:
+        s = default_score(c.nodes[i], r, False, preserve)
+        if c.nodes[i].id == avoid_id:
+            s -= AVOID_PENALTY
+        if s > want:
+            want_pos, want = i, s
+    assert (pos, score) == (want_pos, want)
+    assert best is (c.nodes[pos] if pos >= 0 else None)
 
 
 def test_unknown_algorithm_is_rejected() -> None:

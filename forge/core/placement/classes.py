@@ -27,6 +27,14 @@ class EquivalenceClass:
     first ``candidates`` feasible nodes, in order) and ``frontier`` (the first
     position never scanned): every position before the frontier that is not in
     the window cannot take the class's replica for the rest of the pass.
+
+    binpack's rebase (``Placer._rebase``) lets a class take over a peer's node
+    list without copying it (copying ~5,000 node references per request-class
+    switch was most of a 50,000-replica pass). ``own``: no other class holds
+    ``cands``, so it may be appended to (a shared list is copied first).
+    ``fresh``: the class was just rebased and has not scanned since: its window
+    is the peer's, which stands for the nodes a copy would have put first, before
+    the frontier (see :meth:`unshare`).
     """
 
     __slots__ = (
@@ -35,7 +43,9 @@ class EquivalenceClass:
         "dead",
         "exhausted",
         "extra",
+        "fresh",
         "frontier",
+        "own",
         "ptr",
         "rejected",
         "revived",
@@ -49,6 +59,8 @@ class EquivalenceClass:
         # binpack: re-admitted nodes waiting for room in the window (Placer._readmit)
         self.extra: list[NodeAlloc] = []
         self.alive = bytearray(b"\x01") * len(cands)
+        self.own = True  # a fresh list (Eligibility.nodes): nobody else holds it
+        self.fresh = False
         self.dead = 0
         self.ptr = 0
         self.window: list[int] = []
@@ -69,6 +81,26 @@ class EquivalenceClass:
             cause = CAPACITY_CAUSES[code]
             counts[cause] = counts.get(cause, 0) + 1
         return counts
+
+    def unshare(self) -> None:
+        """Give the class a node list of its own before it is appended to (the
+        re-admission of revived nodes; rare). A just rebased (``fresh``) class
+        gets the list a copying rebase made: the peer's window nodes first, then
+        the nodes past its frontier, from position 0 with an empty window; so its
+        re-admitted nodes go into the window ahead of the peer's window nodes, as
+        with the copy. Any other class keeps its positions."""
+        if self.fresh:
+            cands = self.cands
+            nodes = [cands[i] for i in self.window]
+            nodes += cands[self.frontier :]
+            self.cands = nodes
+            self.window = []
+            self.frontier = 0
+            self.fresh = False
+        else:
+            self.cands = list(self.cands)
+        self.alive = bytearray(b"\x01") * len(self.cands)
+        self.own = True
 
     def compact(self) -> None:
         keep = [n for i, n in enumerate(self.cands) if self.alive[i]]

@@ -104,8 +104,9 @@ def default_score(node: NodeAlloc, req: Request, spread: bool, preserve: bool) -
     or, for binpack without it, PackUsed's "a node in use first". The same numbers
     as the weighted mean :func:`forge.core.placement.scorers.combined` computes over
     the scorer objects (a property test holds them equal), with
-    :func:`utilisation_after` written out: the selector calls this once per node
-    it scores, the hot path of a pass."""
+    :func:`utilisation_after` written out. The hot path of a pass,
+    :func:`forge.core.placement.scan.best_in_window`, writes this out in turn (a
+    property test holds the two exactly equal): change both or neither."""
     n = node.node
     total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
     total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0

@@ -10,9 +10,9 @@ placements only consume capacity (re-admission aside: ``Placer._readmit``).
 
 from __future__ import annotations
 
-from forge.core.models import Request
+from forge.core.models import GPU_MILLI, Request
 from forge.core.placement.classes import EquivalenceClass
-from forge.core.placement.kernel import default_score, fits
+from forge.core.placement.kernel import GPU_WEIGHT, fits
 from forge.core.placement.state import NodeAlloc
 
 __all__ = ["AVOID_PENALTY", "Found", "best_in_window", "drain", "scan_ring", "scan_window"]
@@ -20,6 +20,7 @@ __all__ = ["AVOID_PENALTY", "Found", "best_in_window", "drain", "scan_ring", "sc
 # Subtracted for the node a failed replica ran on. Larger than the whole score range
 # (0..100), so any other feasible node in the window wins over it.
 AVOID_PENALTY = 1000.0
+_GPU_DIV = 2.0 + GPU_WEIGHT
 
 #: Feasible nodes found, as (position in the class's nodes, node).
 Found = list[tuple[int, NodeAlloc]]
@@ -102,6 +103,7 @@ def scan_window(cls: EquivalenceClass, req: Request, candidates: int) -> tuple[F
         i += 1
     cls.frontier = i
     cls.window = [pos for pos, _ in found]
+    cls.fresh = False
     return found, checked + (i - start) + len(found)
 
 
@@ -111,7 +113,12 @@ def best_in_window(
     """binpack with a default scorer chain: :func:`scan_window` and the scoring of
     the window in one loop (the hot path of a pass). Returns the best position,
     node and score (``-1, None``: nothing fits) and the work done; the number of
-    nodes scored is the new window's length."""
+    nodes scored is the new window's length.
+
+    The fit kernel (for work without GPUs) and the score kernel are written out
+    here, with the request's fields read once: two calls and a property per node
+    were a fifth of a 50,000-replica pass. A property test holds the window and
+    the choice exactly equal to :func:`fits` and :func:`default_score`'s."""
     if cls.extra:
         drain(cls, req, candidates)
     cands = cls.cands
@@ -122,7 +129,8 @@ def best_in_window(
     k, n_old, i = 0, len(old), cls.frontier
     window: list[int] = []
     best_pos, best, best_score = -1, None, -1e18
-    fit, score = fits, default_score  # locals: the loop runs once per node looked at
+    fit = fits  # a local: the loop runs once per node looked at
+    rcpu, rmemory, rgpu, rmilli = req.cpu, req.memory, req.gpu, req.milli
     while True:
         if k < n_old:  # re-check the previous window
             pos = old[k]
@@ -137,18 +145,46 @@ def best_in_window(
         else:
             break
         node = cands[pos]
-        if not fit(node, req):
+        spec = node.node
+        cpu_used, mem_used = node.cpu_used, node.mem_used
+        if rgpu:
+            if not fit(node, req):
+                cls.reject(node, req)
+                continue
+        elif (
+            spec.cpu - cpu_used - node.res_cpu < rcpu
+            or spec.memory - mem_used - node.res_mem < rmemory
+        ):
             cls.reject(node, req)
             continue
         window.append(pos)
-        s = score(node, req, False, preserve)
-        if avoid is not None and node.node.id == avoid:
+        # kernel.default_score(node, req, False, preserve), written out
+        total = (cpu_used + rcpu) / spec.cpu if spec.cpu else 1.0
+        total += (mem_used + rmemory) / spec.memory if spec.memory else 1.0
+        gpus = spec.gpus
+        if gpus:
+            ngpu = len(gpus)
+            cap = GPU_MILLI * ngpu
+            total = (total + GPU_WEIGHT * ((cap - node.milli_free + rmilli) / cap)) / _GPU_DIV
+            keep = 100.0 if rgpu else 100.0 * node.gpus_used / ngpu
+        else:
+            total = total / 2.0
+            keep = 100.0
+        util = 100.0 * (total if total < 1.0 else 1.0)
+        if preserve:
+            s = (util + keep) / 2.0
+        elif cpu_used or mem_used or node.gpus_used:
+            s = 50.0 + util / 2.0
+        else:
+            s = (100.0 - util) / 2.0
+        if avoid is not None and spec.id == avoid:
             s -= AVOID_PENALTY
         if s > best_score:
             best_pos, best, best_score = pos, node, s
     work = n_old + (i - cls.frontier) + len(window)
     cls.frontier = i
     cls.window = window
+    cls.fresh = False
     return best_pos, best, best_score, work
 
 

@@ -92,6 +92,20 @@ REBASE_PEERS = 16  # binpack: recently used classes a (re)starting class may lea
 _NO_GPU = Request(cpu=0, memory=0)  # asks what room a node has for work without GPUs
 
 
+#: A binpack class among its peers (Placer._rebase): its request's cpu and memory
+#: (read once, not from the pydantic model on every look) and the class.
+_Peer = tuple[int, int, _Class]
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """A class's peers (the classes with its static rules, by id, most recently
+    used last) and its own entry among them, built once per class."""
+
+    peers: dict[int, _Peer]
+    entry: _Peer
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     node: NodeAlloc
@@ -145,8 +159,10 @@ class Placer:
         # same request object: remember the last class (hashing a pydantic model
         # per replica was ~10% of a pass)
         self._last: tuple[Request, tuple[Constraint, ...], _Class] | None = None
+        self._by_id: dict[int, tuple[Request, tuple[Constraint, ...], _Class]] = {}
         # binpack classes by static key, most recently used last (see _rebase)
-        self._peers: dict[tuple[object, ...], dict[int, tuple[Request, _Class]]] = {}
+        self._peers: dict[tuple[object, ...], dict[int, _Peer]] = {}
+        self._groups: dict[int, _Group] = {}  # by id(class): its peers and its entry there
         self.scored = 0  # how many node scores were computed (for benchmarks)
         self._work = len(order) // COPY_PER_UNIT
 
@@ -266,18 +282,31 @@ class Placer:
         last = self._last
         if last is not None and last[0] is req and last[1] is constraints:
             return last[2]
-        key = (req, constraints)
-        cls = self._classes.get(key)
-        if cls is None:
-            # a new class scans every eligible node: revived ones are among them
-            cls = _Class(self._eligibility.nodes(req, constraints), len(self._revived))
-            self._classes[key] = cls
+        # by identity first: the pass hands in each group's one request object, and
+        # hashing a pydantic model on each of ~50,000 class switches costs
+        hit = self._by_id.get(id(req))
+        if hit is not None and hit[0] is req and hit[1] is constraints:
+            cls = hit[2]
+        else:
+            key = (req, constraints)
+            found = self._classes.get(key)
+            if found is None:
+                # a new class scans every eligible node: revived ones are among them
+                found = _Class(self._eligibility.nodes(req, constraints), len(self._revived))
+                self._classes[key] = found
+                self._groups[id(found)] = _Group(
+                    self._peers.setdefault(_static_key(req, constraints), {}),
+                    (req.cpu, req.memory, found),
+                )
+            cls = found
+            # the tuple keeps req alive, so its id is not reused within the pass
+            self._by_id[id(req)] = (req, constraints, cls)
         if self.algorithm != "spread":
-            self._rebase(req, constraints, cls)
+            self._rebase(req, cls)
         self._last = (req, constraints, cls)
         return cls
 
-    def _rebase(self, req: Request, constraints: tuple[Constraint, ...], cls: _Class) -> None:
+    def _rebase(self, req: Request, cls: _Class) -> None:
         """binpack: when a class (re)starts, skip the nodes a smaller class has found full.
 
         A class with the same static rules (same GPU count, memory, models and
@@ -287,33 +316,57 @@ class Placer:
         the same order, so the window (the first ``candidates`` feasible nodes in
         the class's order) is the same, found without rescanning the nodes the
         pass has filled since. Only the most recently used peers are looked at.
+
+        The class shares the peer's list rather than copying it (see
+        ``EquivalenceClass.unshare``): with ~30 request shapes interleaved, a
+        50,000-replica pass switches class on nearly every replica, and copying
+        thousands of node references each time was most of its cost. The work
+        counter still charges the copy's size, so budgets and replay are as before.
         """
-        peers = self._peers.setdefault(_static_key(req, constraints), {})
+        group = self._groups[id(cls)]
+        peers = group.peers
         remaining = len(cls.window) + len(cls.cands) - cls.frontier
         best: _Class | None = None
-        for preq, peer in itertools.islice(reversed(peers.values()), REBASE_PEERS):
-            if peer is cls or preq.cpu > req.cpu or preq.memory > req.memory:
+        cpu, memory = req.cpu, req.memory
+        for pcpu, pmemory, peer in itertools.islice(reversed(peers.values()), REBASE_PEERS):
+            if pcpu > cpu or pmemory > memory or peer is cls:
                 continue
             size = len(peer.window) + len(peer.cands) - peer.frontier
             if size < remaining:
                 best, remaining = peer, size
         if best is not None:
-            cands = [best.cands[i] for i in best.window]
-            cands += best.cands[best.frontier :]
-            cands += best.extra
-            cls.cands = cands
-            cls.alive = bytearray(b"\x01") * len(cands)
+            # the copy's length: what the work counter has always charged for it
+            size = len(best.window) + len(best.cands) - best.frontier + len(best.extra)
+            if self.candidates > 0 and not best.extra:
+                # share the peer's list: its window stands for the nodes the copy
+                # put first, its frontier for where the rest start (EquivalenceClass)
+                cls.cands = best.cands
+                cls.alive = best.alive
+                cls.window = list(best.window)
+                cls.frontier = best.frontier
+                cls.own = best.own = False
+                cls.fresh = True
+            else:
+                # candidates=0 sizes the window by the list's length, and a peer's
+                # waiting re-admitted nodes go last: a list laid out for this class
+                cands = [best.cands[i] for i in best.window]
+                cands += best.cands[best.frontier :]
+                cands += best.extra
+                cls.cands = cands
+                cls.alive = bytearray(b"\x01") * len(cands)
+                cls.window = []
+                cls.frontier = 0
+                cls.own = True
+                cls.fresh = False
             cls.dead = 0
-            cls.window = []
-            cls.frontier = 0
             cls.extra = []
             # the peer's nodes include the revived nodes it has seen, not later ones
             cls.revived = best.revived
             # the nodes left behind were dropped by the peer, for the reasons it noted
             cls.rejected = dict(best.rejected)
-            self._work += (len(cands) + len(best.rejected)) // COPY_PER_UNIT
+            self._work += (size + len(best.rejected)) // COPY_PER_UNIT
         peers.pop(id(cls), None)  # most recently used last
-        peers[id(cls)] = (req, cls)
+        peers[id(cls)] = group.entry
 
     def _readmit(self, cls: _Class, req: Request, constraints: tuple[Constraint, ...]) -> None:
         """Give a class of GPU-less work back the nodes where GPU placements freed
@@ -338,6 +391,8 @@ class Placer:
             cls.cands.append(node)
             cls.alive.append(1)
         if cls.extra:
+            if not cls.own:
+                cls.unshare()  # drain appends to the list
             drain(cls, req, self._limit(req))
 
     def _limit(self, req: Request) -> int:

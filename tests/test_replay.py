@@ -29,6 +29,7 @@ from temporalio.worker import Replayer
 from forge.core import reconcile, rolling
 from forge.core.models import Job
 from forge.core.placement import scorers, select
+from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
 from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
 
@@ -94,7 +95,6 @@ def _no_gpu_preservation(algorithm: str, **kw: Any) -> tuple[scorers.Weighted, .
 
 _ORIGINAL_BACKOFF = reconcile.backoff_delay
 _ORIGINAL_RESCHEDULE = reconcile.reschedule_delay
-_ORIGINAL_STEP = rolling.step
 
 
 def _wider_waves(*, policy: Any, **kw: Any) -> Any:

@@ -186,28 +186,31 @@ class ForgeClient:
 
     async def _submit_with_start(self, req: c.SubmitJob) -> c.JobResult:
         for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
-            op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-                c.WORKFLOW_TYPE,
-                self._input(),
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                **self._start_kwargs(with_attrs),
-            )
-            try:
-                result: c.JobResult = await self._admitted(
-                    lambda op=op: self.client.execute_update_with_start_workflow(  # type: ignore[misc]
-                        c.UPDATE_SUBMIT_JOB,
-                        req,
-                        start_workflow_operation=op,
-                        result_type=c.JobResult,
-                    )
+            # an operation serves one attempt only: _admitted retries a busy server
+            # with a new one (reusing it raises "cannot be reused")
+            ops: list[WithStartWorkflowOperation[Any, Any]] = []
+
+            def attempt(with_attrs: bool = with_attrs, ops: list[Any] = ops) -> Any:
+                op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+                    c.WORKFLOW_TYPE,
+                    self._input(),
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    **self._start_kwargs(with_attrs),
                 )
+                ops.append(op)
+                return self.client.execute_update_with_start_workflow(
+                    c.UPDATE_SUBMIT_JOB, req, start_workflow_operation=op, result_type=c.JobResult
+                )
+
+            try:
+                result: c.JobResult = await self._admitted(attempt)
                 self._running = True
+                await _retrieve(ops[:-1])
                 return result
             except (WorkflowUpdateFailedError, RPCError) as err:
                 # the start half of a failed update-with-start holds an exception
                 # too: retrieve it, or asyncio reports it at exit
-                with contextlib.suppress(Exception):
-                    await op.workflow_handle()
+                await _retrieve(ops)
                 if isinstance(err, WorkflowUpdateFailedError):
                     if busy_refusal(err):  # it is running, about to continue as new
                         self._running = True
@@ -386,3 +389,11 @@ class ForgeClient:
                         raise
                     await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+
+async def _retrieve(ops: Sequence[WithStartWorkflowOperation[Any, Any]]) -> None:
+    """Take the outcome of each failed attempt's start half (else asyncio reports an
+    exception never retrieved when the process exits)."""
+    for op in ops:
+        with contextlib.suppress(Exception):  # (bounded: an attempt refused as busy
+            await asyncio.wait_for(op.workflow_handle(), 1.0)  # may never set it)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from forge.core.models import Assignment, Job, Node, TaskGroup
+from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
 from forge.errors import Conflict, ForgeError
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "GroupVersion",
     "JobChange",
     "JobPage",
+    "ReplicaState",
     "StaleFenceError",
     "Store",
     "StoreError",
@@ -39,8 +40,10 @@ __all__ = [
     "binding_hash",
     "check_fence",
     "delta_digest",
+    "forgets_state",
     "group_of",
     "mean_usage",
+    "next_state",
     "rows_digest",
     "state_digest",
 ]
@@ -148,6 +151,43 @@ class TaskReport(_Wire):
         if isinstance(data, dict) and self.healthy is None:
             data.pop("healthy", None)
         return data
+
+
+#: What the loop decides on about one replica, as its reports last said it:
+#: ``(status, node, healthy)``. The store keeps it per replica so it can tell a
+#: report that changes a decision from one that only repeats what is known.
+ReplicaState = tuple[str, str, bool | None]
+
+
+def next_state(prev: ReplicaState | None, report: TaskReport) -> ReplicaState | None:
+    """The replica's state after ``report``, or None when the report changes nothing
+    the loop decides on (wake for decisions, not for data).
+
+    A report is a decision when the store knows nothing of the replica yet, or when
+    its status or node differ from the last decision, or when it carries a health
+    verdict other than the last one. A usage sample (``running`` on the same node,
+    no verdict) and a repeated ``running`` / ``failed`` (an agent that restarted,
+    a batch sent twice) are not: they stay in the store, where ``group_usage`` and
+    ``latest_usage`` read them, and never move the reports sequence the watch
+    follows. ``apply_delta`` forgets the state of a replica it releases or binds
+    pending, so the first report about a new binding is always a decision.
+    """
+    if (
+        prev is not None
+        and prev[0] == report.status
+        and prev[1] == report.node
+        and (report.healthy is None or report.healthy == prev[2])
+    ):
+        return None
+    return (report.status, report.node, report.healthy)
+
+
+def forgets_state(delta: Delta) -> list[str]:
+    """The replicas whose ``ReplicaState`` ``delta`` clears: released, or bound and
+    still pending (a new binding, a restart, a new version), whose next report the
+    loop is waiting for."""
+    pending = [a.workload_id for a in delta.bind if a.status is AssignmentStatus.PENDING]
+    return sorted({*delta.release, *pending})
 
 
 def delta_digest(delta: Delta) -> str:
@@ -348,11 +388,17 @@ class Store(Protocol):
         ...
 
     def report(self, cluster: str, reports: list[TaskReport]) -> int:
-        """Append task reports; returns the last sequence number assigned."""
+        """Record task reports, in order; returns the reports sequence after them.
+
+        Only decisions (see ``next_state``) are appended with the next sequence
+        numbers; every report carrying cpu or memory updates the replica's latest
+        usage, decision or not. A usage sample alone therefore moves nothing the
+        watch follows."""
         ...
 
     def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
-        """Reports with seq > ``seq``, oldest first."""
+        """Decision reports with seq > ``seq``, oldest first (usage-only samples and
+        repeats of a known state are not in it)."""
         ...
 
     def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:

@@ -21,11 +21,14 @@ from forge.stores.base import (
     GroupVersion,
     JobChange,
     JobPage,
+    ReplicaState,
     StoreError,
     TaskReport,
     check_fence,
     delta_digest,
+    forgets_state,
     mean_usage,
+    next_state,
 )
 
 __all__ = ["MemoryStore"]
@@ -33,10 +36,13 @@ __all__ = ["MemoryStore"]
 
 @dataclass
 class _Usage:
-    seq: int
+    seq: int  # the report's number when it was a decision, else 0
     cpu: float | None
     memory: float | None
     at: float
+    status: str
+    message: str
+    node: str
 
 
 @dataclass
@@ -49,8 +55,9 @@ class _Cluster:
     assignments: dict[str, Assignment] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
     heartbeats: dict[str, float] = field(default_factory=dict)
-    reports: list[TaskReport] = field(default_factory=list)  # reports[i].seq == i + 1
+    reports: list[TaskReport] = field(default_factory=list)  # decisions: [i].seq == i + 1
     usage: dict[str, _Usage] = field(default_factory=dict)
+    states: dict[str, ReplicaState] = field(default_factory=dict)  # see next_state
     status: str | None = None
     versions: dict[tuple[str, str], list[GroupVersion]] = field(default_factory=dict)
 
@@ -157,6 +164,8 @@ class MemoryStore:
             for workload in delta.release:
                 c.assignments.pop(workload, None)
                 c.usage.pop(workload, None)
+            for workload in forgets_state(delta):
+                c.states.pop(workload, None)
             for a in delta.bind:
                 c.assignments[a.workload_id] = a
             for node_id in delta.nodes_remove:
@@ -210,13 +219,19 @@ class MemoryStore:
         with self._lock:
             c = self._cluster(cluster)
             for r in reports:
-                stored = r.model_copy(update={"seq": len(c.reports) + 1})
-                c.reports.append(stored)
+                seq = 0
+                state = next_state(c.states.get(r.workload_id), r)
+                if state is not None:
+                    c.states[r.workload_id] = state
+                    seq = len(c.reports) + 1
+                    c.reports.append(r.model_copy(update={"seq": seq}))
                 if r.cpu is None and r.memory is None:
                     continue
                 last = c.usage.get(r.workload_id)
                 if last is None or r.at >= last.at:
-                    c.usage[r.workload_id] = _Usage(stored.seq, r.cpu, r.memory, r.at)
+                    c.usage[r.workload_id] = _Usage(
+                        seq, r.cpu, r.memory, r.at, r.status, r.message, r.node
+                    )
             return len(c.reports)
 
     def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
@@ -235,7 +250,20 @@ class MemoryStore:
         with self._lock:
             c = self._cluster(cluster)
             wids = sorted(w for w in c.usage if w > after)[: max(limit, 0)]
-            return [c.reports[c.usage[w].seq - 1] for w in wids]
+            return [
+                TaskReport(
+                    seq=u.seq,
+                    workload_id=w,
+                    status=u.status,
+                    cpu=u.cpu,
+                    memory=u.memory,
+                    at=u.at,
+                    message=u.message,
+                    node=u.node,
+                )
+                for w in wids
+                for u in (c.usage[w],)
+            ]
 
     def close(self) -> None:
         with self._lock:

@@ -42,6 +42,25 @@ _PG_LOCK_KEY = 0x466F7267
 
 SCHEMA_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 
+# Step 5's backfills, the same SQL in both dialects.
+_BACKFILL_USAGE: LiteralString = (
+    "UPDATE latest_usage SET"
+    " status = coalesce((SELECT r.status FROM reports r"
+    "  WHERE r.cluster = latest_usage.cluster AND r.seq = latest_usage.seq), status),"
+    " message = coalesce((SELECT r.message FROM reports r"
+    "  WHERE r.cluster = latest_usage.cluster AND r.seq = latest_usage.seq), message),"
+    " node = coalesce((SELECT r.node FROM reports r"
+    "  WHERE r.cluster = latest_usage.cluster AND r.seq = latest_usage.seq), node)"
+)
+_BACKFILL_STATE: LiteralString = (
+    "INSERT INTO report_state (cluster, workload_id, status, node, healthy)"
+    " SELECT r.cluster, r.workload_id, r.status, r.node, r.healthy FROM reports r"
+    " JOIN (SELECT cluster, workload_id, max(seq) AS seq FROM reports"
+    "  GROUP BY cluster, workload_id) m ON m.cluster = r.cluster AND m.seq = r.seq"
+    " JOIN assignments a ON a.cluster = r.cluster AND a.workload_id = r.workload_id"
+    " WHERE a.status <> 'pending'"
+)
+
 SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     # 1: the initial layout. Text keys use SQLite's BINARY collation, which orders
     # like Python's str comparison, so paging by id matches the memory store.
@@ -144,6 +163,28 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     # 4: health checks. A running replica's check verdict as its agent reported it
     # (NULL: the report says nothing of health).
     ("ALTER TABLE reports ADD COLUMN healthy BOOLEAN",),
+    # 5: wake for decisions, not for data. Each replica's last decision state
+    # (status, node, health verdict: ``forge.stores.base.next_state``) so a report
+    # that only repeats it, a usage sample, is not appended to ``reports`` and does
+    # not move the sequence the watch follows; its usage still lands in
+    # ``latest_usage``, which now keeps its status, message and node itself.
+    # Existing rows are filled in from the reports they point at, and bound,
+    # non-pending replicas start from their latest report.
+    (
+        """CREATE TABLE report_state (
+            cluster TEXT NOT NULL,
+            workload_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            node TEXT NOT NULL,
+            healthy BOOLEAN,
+            PRIMARY KEY (cluster, workload_id)
+        ) WITHOUT ROWID""",
+        "ALTER TABLE latest_usage ADD COLUMN status TEXT NOT NULL DEFAULT 'running'",
+        "ALTER TABLE latest_usage ADD COLUMN message TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE latest_usage ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+        _BACKFILL_USAGE,
+        _BACKFILL_STATE,
+    ),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -243,6 +284,22 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     ),
     # 4: see the SQLite step
     ("ALTER TABLE reports ADD COLUMN healthy BOOLEAN",),
+    # 5: see the SQLite step
+    (
+        """CREATE TABLE report_state (
+            cluster TEXT COLLATE "C" NOT NULL,
+            workload_id TEXT COLLATE "C" NOT NULL,
+            status TEXT NOT NULL,
+            node TEXT NOT NULL,
+            healthy BOOLEAN,
+            PRIMARY KEY (cluster, workload_id)
+        )""",
+        "ALTER TABLE latest_usage ADD COLUMN status TEXT NOT NULL DEFAULT 'running'",
+        "ALTER TABLE latest_usage ADD COLUMN message TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE latest_usage ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+        _BACKFILL_USAGE,
+        _BACKFILL_STATE,
+    ),
 )
 
 assert len(SQLITE_MIGRATIONS) == len(POSTGRES_MIGRATIONS), "dialects must stay in step"

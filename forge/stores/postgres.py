@@ -54,6 +54,7 @@ from forge.stores.migrations import SCHEMA_NAME_PATTERN
 from forge.stores.sql import (
     ASSIGNMENT_UPSERT_SET,
     SqlReads,
+    forget_states,
     gpu_ids_json,
     write_jobs,
     write_nodes,
@@ -277,6 +278,7 @@ class PostgresStore(SqlReads):
                     "DELETE FROM latest_usage WHERE cluster = %s AND workload_id = ANY(%s)",
                     (cluster, released),
                 )
+            forget_states(cur, "postgres", cluster, delta)
             if delta.bind:
                 self._bind(cur, cluster, delta.bind)
             if delta.nodes_remove:
@@ -341,16 +343,22 @@ class PostgresStore(SqlReads):
         if not reports:
             return self._counter(cluster, "report_seq")
         with self._tx() as cur:
-            cur.execute(
-                "INSERT INTO clusters (cluster, report_seq) VALUES (%s, %s)"
-                " ON CONFLICT (cluster) DO UPDATE"
-                " SET report_seq = clusters.report_seq + excluded.report_seq"
-                " RETURNING report_seq",
-                (cluster, len(reports)),
-            )
-            last = _scalar(cur)
-            write_reports(cur, "postgres", cluster, reports, last - len(reports) + 1)
-        return last
+
+            def reserve(n: int) -> int:
+                if not n:  # usage samples only: no counter row lock, just a read
+                    cur.execute("SELECT report_seq FROM clusters WHERE cluster = %s", (cluster,))
+                    row = cur.fetchone()
+                    return int(row[0]) if row is not None else 0
+                cur.execute(
+                    "INSERT INTO clusters (cluster, report_seq) VALUES (%s, %s)"
+                    " ON CONFLICT (cluster) DO UPDATE"
+                    " SET report_seq = clusters.report_seq + excluded.report_seq"
+                    " RETURNING report_seq",
+                    (cluster, n),
+                )
+                return _scalar(cur)
+
+            return write_reports(cur, "postgres", cluster, reports, reserve)
 
     def close(self) -> None:
         """Close idle connections now and lent ones as they come back."""

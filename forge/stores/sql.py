@@ -13,19 +13,23 @@ calls the ``*_rows`` helpers inside its own write transactions.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import Any, Literal, LiteralString, Protocol
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState, TaskGroup
 from forge.core.versions import describe_change
 from forge.stores.base import (
+    Delta,
     Fence,
     GroupVersion,
     JobChange,
     JobPage,
+    ReplicaState,
     TaskReport,
+    forgets_state,
     mean_usage,
+    next_state,
 )
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "Dialect",
     "SqlReads",
     "assignment_from_row",
+    "forget_states",
     "gpu_ids_json",
     "sql",
     "write_jobs",
@@ -267,9 +272,9 @@ class SqlReads:
     def latest_usage(self, cluster: str, after: str = "", limit: int = 5000) -> list[TaskReport]:
         rows = self._all(
             self._q(
-                "SELECT u.seq, u.workload_id, r.status, u.cpu, u.memory, u.at, r.message, r.node"
-                " FROM latest_usage u JOIN reports r ON r.cluster = u.cluster AND r.seq = u.seq"
-                " WHERE u.cluster = ? AND u.workload_id > ? ORDER BY u.workload_id LIMIT ?"
+                "SELECT seq, workload_id, status, cpu, memory, at, message, node"
+                " FROM latest_usage WHERE cluster = ? AND workload_id > ?"
+                " ORDER BY workload_id LIMIT ?"
             ),
             (cluster, after, max(limit, 0)),
         )
@@ -369,49 +374,112 @@ def write_status(db: _Executor, dialect: Dialect, cluster: str, doc: str) -> Non
     )
 
 
+def _states(
+    db: _Executor, dialect: Dialect, cluster: str, workloads: list[str]
+) -> dict[str, ReplicaState]:
+    """The stored ``ReplicaState`` of ``workloads`` (absent: none known), one query."""
+    if dialect == "sqlite":
+        query: LiteralString = (
+            "SELECT workload_id, status, node, healthy FROM report_state WHERE cluster = ?"
+            " AND workload_id IN (SELECT value FROM json_each(?))"
+        )
+        param: object = json.dumps(workloads)
+    else:
+        query = (
+            "SELECT workload_id, status, node, healthy FROM report_state WHERE cluster = %s"
+            " AND workload_id = ANY(%s)"
+        )
+        param = workloads
+    rows = db.execute(query, (cluster, param)).fetchall()
+    return {w: (st, n, None if h is None else bool(h)) for w, st, n, h in rows}
+
+
 def write_reports(
-    db: _Executor, dialect: Dialect, cluster: str, reports: Sequence[TaskReport], first: int
-) -> None:
-    """Insert ``reports`` as sequence numbers ``first``, ... and fold their usage into
-    ``latest_usage``; the caller has reserved the numbers in the same transaction."""
-    db.executemany(
-        sql(
-            "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-            " message, node, healthy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            dialect,
-        ),
-        [
-            (
-                cluster,
-                seq,
-                r.workload_id,
-                r.status,
-                r.cpu,
-                r.memory,
-                r.at,
-                r.message,
-                r.node,
-                r.healthy,
-            )
-            for seq, r in enumerate(reports, first)
-        ],
-    )
+    db: _Executor,
+    dialect: Dialect,
+    cluster: str,
+    reports: Sequence[TaskReport],
+    reserve: Callable[[int], int],
+) -> int:
+    """Record ``reports`` (``Store.report``) inside the caller's write transaction.
+
+    Each report is compared with its replica's stored state (``next_state``); only
+    the decisions are inserted, numbered from what ``reserve(n)`` returns (it
+    advances the cluster's report counter by ``n`` and returns the last number; by
+    0: the current one). Every report carrying usage is folded into
+    ``latest_usage``. Returns the reports sequence after the batch."""
+    states = _states(db, dialect, cluster, sorted({r.workload_id for r in reports}))
+    changed: dict[str, ReplicaState] = {}
+    decided: list[int] = []
+    for i, r in enumerate(reports):
+        state = next_state(states.get(r.workload_id), r)
+        if state is not None:
+            states[r.workload_id] = changed[r.workload_id] = state
+            decided.append(i)
+    last = reserve(len(decided))
+    seqs = {i: seq for seq, i in enumerate(decided, last - len(decided) + 1)}
+    if decided:
+        db.executemany(
+            sql(
+                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
+                " message, node, healthy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                dialect,
+            ),
+            [
+                (
+                    cluster,
+                    seqs[i],
+                    r.workload_id,
+                    r.status,
+                    r.cpu,
+                    r.memory,
+                    r.at,
+                    r.message,
+                    r.node,
+                    r.healthy,
+                )
+                for i, r in ((i, reports[i]) for i in decided)
+            ],
+        )
+        db.executemany(
+            sql(
+                "INSERT INTO report_state (cluster, workload_id, status, node, healthy)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id) DO UPDATE SET"
+                " status = excluded.status, node = excluded.node, healthy = excluded.healthy",
+                dialect,
+            ),
+            [(cluster, w, st, n, h) for w, (st, n, h) in sorted(changed.items())],
+        )
     usage = [
-        (cluster, r.workload_id, seq, r.cpu, r.memory, r.at)
-        for seq, r in enumerate(reports, first)
+        (cluster, r.workload_id, seqs.get(i, 0), r.cpu, r.memory, r.at, r.status, r.message, r.node)
+        for i, r in enumerate(reports)
         if r.cpu is not None or r.memory is not None
     ]
     if usage:
         # Only reports that carry usage feed group_usage; ">=" lets the later of two
-        # reports with the same timestamp win (rows go in seq order).
+        # reports with the same timestamp win (rows go in order).
         db.executemany(
             sql(
-                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id)"
+                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at,"
+                " status, message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (cluster, workload_id)"
                 " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
-                " memory = excluded.memory, at = excluded.at"
+                " memory = excluded.memory, at = excluded.at, status = excluded.status,"
+                " message = excluded.message, node = excluded.node"
                 " WHERE excluded.at >= latest_usage.at",
                 dialect,
             ),
             usage,
+        )
+    return last
+
+
+def forget_states(db: _Executor, dialect: Dialect, cluster: str, delta: Delta) -> None:
+    """Inside ``apply_delta``: drop the state of the replicas ``delta`` releases or
+    binds pending (``forgets_state``), so their next report is a decision."""
+    gone = forgets_state(delta)
+    if gone:
+        db.executemany(
+            sql("DELETE FROM report_state WHERE cluster = ? AND workload_id = ?", dialect),
+            [(cluster, w) for w in gone],
         )

@@ -46,6 +46,7 @@ from forge.stores.migrations import migrate
 from forge.stores.sql import (
     ASSIGNMENT_UPSERT_SET,
     SqlReads,
+    forget_states,
     gpu_ids_json,
     write_jobs,
     write_nodes,
@@ -260,6 +261,7 @@ class SqliteStore(SqlReads):
                 db.executemany(
                     "DELETE FROM latest_usage WHERE cluster = ? AND workload_id = ?", released
                 )
+            forget_states(db, "sqlite", cluster, delta)
             if delta.bind:
                 db.executemany(
                     "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node,"
@@ -298,9 +300,9 @@ class SqliteStore(SqlReads):
         if not reports:
             return self._counter(cluster, "report_seq")
         with self._write() as db:
-            last = self._bump(db, cluster, "report_seq", len(reports))
-            write_reports(db, "sqlite", cluster, reports, last - len(reports) + 1)
-        return last
+            return write_reports(
+                db, "sqlite", cluster, reports, lambda n: self._bump(db, cluster, "report_seq", n)
+            )
 
     def close(self) -> None:
         """Close every thread's connection; later calls raise ``StoreError``."""

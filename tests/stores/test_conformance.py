@@ -400,9 +400,89 @@ def test_reports_keep_the_health_verdict_and_none_when_unsaid(store: Store) -> N
     ]
     store.report(C, batch)
     got = store.reports_since(C, 0)
-    assert [r.healthy for r in got] == [None, False, True, None]
-    assert [r.model_copy(update={"seq": 0}) for r in got] == batch
+    assert [r.healthy for r in got] == [None, False, True]  # the usage sample: no news
+    assert [r.model_copy(update={"seq": 0}) for r in got] == batch[:3]
     assert "healthy" not in got[0].model_dump(mode="json")
+
+
+# -- wake for decisions, not for data ----------------------------------------------------
+
+
+def _seq(store: Store) -> int:
+    """The sequence the watch follows: the last report ``reports_since`` returns."""
+    found = store.reports_since(C, 0, limit=1_000_000)
+    return found[-1].seq if found else 0
+
+
+def test_a_usage_sample_of_a_running_replica_does_not_move_the_watch(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    started = TaskReport(workload_id="web/api/0", status="running", at=1.0, node="n1")
+    assert store.report(C, [started]) == 1
+    before = store.reports_since(C, 0)
+
+    for i in range(5):
+        sample = usage("web/api/0", 2.0 + i, cpu=0.1 * i, memory=0.5)
+        assert store.report(C, [sample.model_copy(update={"node": "n1"})]) == 1
+
+    assert store.reports_since(C, 0) == before
+    assert store.reports_since(C, 1, limit=1) == []  # the watch's own query
+    # ... and the samples are still there for the autoscaler and ``forge status``
+    assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.4, 0.5))}
+    assert [(r.cpu, r.at, r.node) for r in store.latest_usage(C)] == [
+        (pytest.approx(0.4), 6.0, "n1")
+    ]
+
+
+def test_a_failed_report_moves_the_watch(store: Store) -> None:
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    store.report(C, [TaskReport(workload_id="web/api/0", status="running", at=1.0, node="n1")])
+    store.report(C, [usage("web/api/0", 2.0, cpu=0.5).model_copy(update={"node": "n1"})])
+    failed = TaskReport(
+        workload_id="web/api/0", status="failed", at=3.0, node="n1", message="exit 1"
+    )
+    assert store.report(C, [failed]) == 2
+    news = store.reports_since(C, 1, limit=1)
+    assert [(r.seq, r.status, r.message) for r in news] == [(2, "failed", "exit 1")]
+
+
+def test_a_report_that_repeats_the_known_state_is_not_news(store: Store) -> None:
+    running = TaskReport(workload_id="web/api/0", status="running", at=1.0, node="n1")
+    store.report(C, [running])
+    # an agent that restarted says "running" again, a batch is sent twice
+    store.report(C, [running.model_copy(update={"at": 2.0, "message": "started"})])
+    store.report(C, [running, running])
+    assert _seq(store) == 1
+    # each change of status, node or health verdict is, in order within a batch
+    changes = [
+        running.model_copy(update={"at": 3.0, "healthy": False}),
+        running.model_copy(update={"at": 4.0, "healthy": False}),  # the same verdict
+        running.model_copy(update={"at": 5.0}),  # no verdict: says nothing of health
+        running.model_copy(update={"at": 6.0, "healthy": True}),
+        running.model_copy(update={"at": 7.0, "status": "exited"}),
+        running.model_copy(update={"at": 8.0, "status": "exited"}),
+        running.model_copy(update={"at": 9.0, "node": "n2"}),  # moved: running elsewhere
+    ]
+    assert store.report(C, changes) == 5
+    got = store.reports_since(C, 1)
+    assert [r.at for r in got] == [3.0, 6.0, 7.0, 9.0]
+
+
+def test_releasing_or_binding_pending_makes_the_next_report_news(store: Store) -> None:
+    running = TaskReport(workload_id="web/api/0", status="running", at=1.0, node="n1")
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    store.report(C, [running])
+    # persisted running: the state is kept, a repeat is still no news
+    running_binding = bound("web", "api", 0, status=AssignmentStatus.RUNNING)
+    store.apply_delta(C, Fence(1, 2), Delta(bind=[running_binding]))
+    assert store.report(C, [running.model_copy(update={"at": 2.0})]) == 1
+    # released, then bound again on the same node (a restart, scale down and up)
+    store.apply_delta(C, Fence(1, 3), Delta(release=["web/api/0"]))
+    store.apply_delta(C, Fence(1, 4), Delta(bind=[bound("web", "api", 0)]))
+    assert store.report(C, [running.model_copy(update={"at": 3.0})]) == 2
+    # a pending bind alone (a new version on the same node) forgets it too
+    store.apply_delta(C, Fence(1, 5), Delta(bind=[bound("web", "api", 0)]))
+    assert store.report(C, [running.model_copy(update={"at": 4.0})]) == 3
+    assert store.report(C, [running.model_copy(update={"at": 5.0})]) == 3
 
 
 def test_group_usage_averages_each_replicas_latest_report_since(store: Store) -> None:
@@ -568,7 +648,9 @@ def test_a_durable_store_survives_reopening(durable_backend: Backend) -> None:
     assert again.expired_nodes(C, before=10.0) == ["n1"]
     assert again.group_usage(C, since=0.0) == {"a/api": pytest.approx((0.25, 0.75))}
     assert again.put_job(C, make_job("c")) == 4
-    assert again.report(C, [usage("a/api/0", 7.0)]) == 2
+    # the replica's state survived too: the same "running" again is not news
+    assert again.report(C, [usage("a/api/0", 7.0)]) == 1
+    assert again.report(C, [TaskReport(workload_id="a/api/0", status="failed", at=8.0)]) == 2
 
 
 def test_migrations_are_idempotent(durable_backend: Backend) -> None:
@@ -599,6 +681,79 @@ def test_migrations_are_safe_when_workers_start_together(durable_backend: Backen
     assert errors == []
     assert versions == [LATEST_VERSION] * workers
     assert _applied_versions(durable_backend.url) == list(range(1, LATEST_VERSION + 1))
+
+
+def _at_version_4(url: str) -> Any:
+    """A connection to an empty database migrated only to schema version 4 (before
+    report states), for a test to fill with old rows before migrating on."""
+    from forge.stores.migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+
+    if url.startswith("sqlite:"):
+        conn: Any = sqlite3.connect(sqlite_path(url), isolation_level=None)
+        steps, mark = SQLITE_MIGRATIONS, "?"
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
+    else:
+        from psycopg import sql as pgsql
+
+        from forge.stores.postgres import connect_postgres
+
+        conn, schema = connect_postgres(url)
+        conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+        steps, mark = POSTGRES_MIGRATIONS, "%s"
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
+    for version in range(1, 5):
+        for statement in steps[version - 1]:
+            conn.execute(statement)
+        conn.execute(f"INSERT INTO schema_version (version) VALUES ({mark})", (version,))
+    return conn
+
+
+def test_migrating_old_reports_keeps_usage_and_known_states(durable_backend: Backend) -> None:
+    conn = _at_version_4(durable_backend.url)
+    mark = "?" if durable_backend.name == "sqlite" else "%s"
+    try:
+        conn.execute(
+            f"INSERT INTO clusters (cluster, revision, report_seq) VALUES ({mark}, 0, 3)", (C,)
+        )
+        for w, status in (("web/api/0", "running"), ("web/api/1", "pending")):
+            conn.execute(
+                "INSERT INTO assignments (cluster, workload_id, job, grp, ordinal, node, gpu_ids,"
+                f" cpu, memory, status) VALUES ({mark}, {mark}, 'web', 'api', {mark}, 'n1', '[]',"
+                f" 100, 64, {mark})",
+                (C, w, int(w[-1]), status),
+            )
+        rows = [
+            (1, "web/api/0", "running", None, "started ports http=1", "n1"),
+            (2, "web/api/0", "running", 0.5, "cpu 5m ports http=1", "n1"),
+            (3, "web/api/1", "running", 0.25, "cpu 2m", "n1"),
+        ]
+        for seq, w, status, cpu, message, node in rows:
+            conn.execute(
+                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, at, message, node)"
+                f" VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark})",
+                (C, seq, w, status, cpu, float(seq), message, node),
+            )
+            if cpu is not None:
+                conn.execute(
+                    "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, at) VALUES"
+                    f" ({mark}, {mark}, {mark}, {mark}, {mark})"
+                    + " ON CONFLICT (cluster, workload_id) DO NOTHING",
+                    (C, w, seq, cpu, float(seq)),
+                )
+    finally:
+        conn.close()
+
+    store = durable_backend.open()  # migrates to the latest version
+    found = store.latest_usage(C)
+    assert [(r.workload_id, r.status, r.message, r.node) for r in found] == [
+        ("web/api/0", "running", "cpu 5m ports http=1", "n1"),
+        ("web/api/1", "running", "cpu 2m", "n1"),
+    ]
+    # web/api/0 runs (its binding says so): its next usage sample is no news; the
+    # pending web/api/1 starts with no state, so its next report is
+    on_n1 = {"node": "n1"}
+    assert store.report(C, [usage("web/api/0", 4.0, cpu=0.5).model_copy(update=on_n1)]) == 3
+    assert store.report(C, [usage("web/api/1", 4.0, cpu=0.5).model_copy(update=on_n1)]) == 4
 
 
 def test_a_database_newer_than_the_code_is_refused(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@
 - No silent skips: a skipped test fails the run unless its skip names an opt-out
   variable that is set (``FORGE_SKIP_POSTGRES=1``, ``FORGE_SKIP_TLS=1``,
   ``FORGE_TRACE_DIR=none``) or ``FORGE_ALLOW_SKIPS=1``.
+- No leaked process: a process the run started that is still alive when the
+  session ends is killed and fails the run (:mod:`tests.leaks`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, core, settings
+
+pytest_plugins = ["tests.leaks"]
 
 BIN = Path(sys.executable).parent
 

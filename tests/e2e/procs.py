@@ -1,8 +1,16 @@
-"""Real processes for end-to-end tests: `python worker.py` subprocesses."""
+"""Real processes for end-to-end tests: `python worker.py` subprocesses, and how
+every test process is started and stopped.
+
+A process a test starts leads a session (and so a process group) of its own, and
+is stopped with :func:`stop_process`: SIGTERM, a bounded wait, then SIGKILL to the
+whole group, whatever the leader did: a worker blocked in its shutdown (its server
+already gone) or a child the leader left behind cannot outlive the test.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,13 +18,61 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from forge.stores.base import Store, state_digest
 from forge.wire.contract import LoopStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
+
+#: How long a process gets between SIGTERM and SIGKILL.
+STOP_TIMEOUT = 15.0
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited, without reaping it: while it is a
+    zombie its pid (and so its process group's id) cannot be reused."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+    except ChildProcessError:
+        return True  # already reaped
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = STOP_TIMEOUT) -> int:
+    """Stop a child for good: SIGTERM, wait up to ``timeout`` for it to exit, then
+    SIGKILL its process group when it leads one (as :func:`start_process` makes it)
+    and itself, and reap it. Returns its exit code (negative: the signal)."""
+    try:
+        leads = os.getpgid(proc.pid) == proc.pid != os.getpgrp()
+    except ProcessLookupError:
+        leads = False
+    if proc.returncode is None and not _exited(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        deadline = time.monotonic() + timeout
+        while not _exited(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # poll interval while it shuts down
+    if leads:  # what is left of its group: its own children, or itself if blocked
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    if not _exited(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    return proc.wait(timeout=timeout)
+
+
+def start_process(argv: list[str], log: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own, its output appended to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **popen,
+        )
 
 
 class WorkerProc:
@@ -32,29 +88,18 @@ class WorkerProc:
             "FORGE_LOG_FORMAT": "json",
             **env,
         }
-        self._log = log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "worker.py")],
-            cwd=ROOT,
-            env=full,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+        self.proc = start_process(
+            [sys.executable, str(ROOT / "worker.py")], log, cwd=ROOT, env=full
         )
 
     def kill9(self) -> None:
+        """The crash: SIGKILL to the worker alone (it starts no process of its own)."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        """SIGTERM, then SIGKILL to its group after STOP_TIMEOUT (see stop_process)."""
+        return stop_process(self.proc)
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

@@ -16,15 +16,18 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import struct
-import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.e2e.procs import start_process, stop_process
 
 __all__ = ["Browser", "CdpError", "chromium_binary"]
 
@@ -135,17 +138,15 @@ class Browser:
     ) -> None:
         self.profile = profile
         profile.mkdir(parents=True, exist_ok=True)
-        self._log = (profile / "chromium.log").open("wb")
-        self.proc = subprocess.Popen(
+        # in a session of its own: closing it kills its zygote and renderers too
+        self.proc = start_process(
             [
                 binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--no-first-run", "--no-default-browser-check", "--disable-extensions",
                 "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
                 f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank",
             ],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            profile / "chromium.log",
         )  # fmt: skip
         self._next_id = 0
         self.console: list[str] = []
@@ -232,10 +233,31 @@ class Browser:
             time.sleep(0.2)  # poll interval for the page's own fetches
 
     def wait_for_text(self, needle: str, *, timeout: float = 30.0) -> str:
-        self.wait_for(
-            f"({_PAGE_TEXT}).includes({json.dumps(needle)})", timeout=timeout, what=repr(needle)
+        """The page text once it contains ``needle`` (that very text: a page still
+        rendering may have changed by the next read)."""
+        return self.wait_until(lambda text: needle in text, timeout=timeout, what=repr(needle))
+
+    def wait_for_match(self, pattern: str, *, timeout: float = 30.0) -> str:
+        """The page text once ``pattern`` (a Python regex) matches in it."""
+        regex = re.compile(pattern)
+        return self.wait_until(
+            lambda text: regex.search(text) is not None, timeout=timeout, what=f"/{pattern}/"
         )
-        return self.text()
+
+    def wait_until(
+        self, pred: Callable[[str], bool], *, timeout: float = 30.0, what: str = "condition"
+    ) -> str:
+        """Poll the page text until ``pred`` holds for it; that text (the one the
+        condition held for, so assertions on it see what the wait saw), or
+        AssertionError with the last text after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.text()
+            if pred(text):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} not seen in {timeout:g} s; page text:\n{text[:3000]}")
+            time.sleep(0.2)  # poll interval for the page's own fetches
 
     def click_text(self, text: str, selector: str = "a, button, [role=tab]") -> None:
         """Click the first element matching ``selector`` whose first line of text is
@@ -264,14 +286,7 @@ class Browser:
         ws = getattr(self, "_ws", None)
         if ws is not None:
             ws.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        stop_process(self.proc, timeout=10)
 
     def __enter__(self) -> Browser:
         return self

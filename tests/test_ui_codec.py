@@ -334,10 +334,16 @@ def test_the_web_ui_shows_details_a_decoded_persist_input_and_the_status_query(
         b.wait_for_text("User Metadata", timeout=60)
 
         # current details: the workflow's metadata query, compressed, through the codec
+        # (the details render in steps: wait for the very text asserted on)
         b.click_text("User Metadata")
-        text = b.wait_for_text("replicas bound:", timeout=60)
+        details = r"Forge cluster\s+default\s+\(run \d+, generation \d+\)"
+        text = b.wait_until(
+            lambda t: "replicas bound:" in t and re.search(details, t) is not None,
+            timeout=60,
+            what="the current details",
+        )
         b.screenshot(shots / "details.png")
-        assert re.search(r"Forge cluster\s+default\s+\(run \d+, generation \d+\)", text), text
+        assert re.search(details, text) and "replicas bound:" in text, text
 
         # a compressed persist input, expanded in the event history
         b.click_text("Event History")
@@ -346,9 +352,12 @@ def test_the_web_ui_shows_details_a_decoded_persist_input_and_the_status_query(
             .find(r => r.innerText.trim().split(/\\s/)[0] === '{event_id}')"""
         b.wait_for(f"!!({row})", what=f"event {event_id} in the history table")
         b.evaluate(f"(() => {{ const r = {row}; r.click(); r.scrollIntoView(); }})()")
-        text = b.wait_for_text(f'"pass_no": {persisted["pass_no"]}', timeout=60)
+        shown = (f'"pass_no": {persisted["pass_no"]}', '"cluster": "default"', '"id": "ui-0"')
+        text = b.wait_until(
+            lambda t: all(s in t for s in shown), timeout=60, what="the decoded persist input"
+        )
         b.screenshot(shots / "persist.png")
-        assert '"cluster": "default"' in text and '"id": "ui-0"' in text
+        assert all(s in text for s in shown), text
         assert "binary/zlib" not in text
 
         # the status query, chosen and run from the Queries tab
@@ -368,9 +377,12 @@ def test_the_web_ui_shows_details_a_decoded_persist_input_and_the_status_query(
             what="the status query chosen",
         )
         b.click_text("Run Query", "button")
-        text = b.wait_for_text('"last_pass"', timeout=60)
+        answer = ('"last_pass"', '"summary"', '"bound"')
+        text = b.wait_until(
+            lambda t: all(s in t for s in answer), timeout=60, what="the status query's answer"
+        )
         b.screenshot(shots / "query.png")
-        assert '"summary"' in text and '"bound"' in text
+        assert all(s in text for s in answer), text
     print(f"screenshots: {sorted(p.name for p in shots.iterdir())} in {shots}")
     for shot in shots.iterdir():
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one

@@ -280,6 +280,50 @@ def test_node_from_plain_data() -> None:
     assert ("cpu",) in locs({"id": "n", "cpu": "1", "memory": 1}, Node)
 
 
+def test_integer_gpu_ids_are_read_as_their_decimal_string() -> None:
+    raw = '{"id": "n", "cpu": 1, "memory": 1, "gpus": [{"id": 0, "model": "A100", "memory": 1}]}'
+    assert Node.model_validate_json(raw).gpus[0].id == "0"
+    assert GpuDevice.model_validate({"id": 12, "model": "A100", "memory": 1}).id == "12"
+    assert GpuDevice.model_validate({"id": "gpu0", "model": "A100", "memory": 1}).id == "gpu0"
+    dumped = Node.model_validate_json(raw).model_dump(mode="json")
+    assert dumped["gpus"][0]["id"] == "0"  # stored and sent as a string from then on
+
+
+@pytest.mark.parametrize("bad", [True, False, 0.0, 1.5, -1, None, [0]])
+def test_gpu_ids_that_are_not_strings_or_integers_are_refused(bad: object) -> None:
+    gpu = {"id": bad, "model": "A100", "memory": 1}
+    assert ("gpus", 0, "id") in locs({"id": "n", "cpu": 1, "memory": 1, "gpus": [gpu]}, Node)
+    with pytest.raises(ValidationError):
+        GpuDevice.model_validate_json(json.dumps(gpu))
+
+
+def test_integer_ids_of_the_same_device_are_duplicates() -> None:
+    gpus = [{"id": 0, "model": "A100", "memory": 1}, {"id": "0", "model": "A100", "memory": 1}]
+    errs = errors({"id": "n", "cpu": 1, "memory": 1, "gpus": gpus}, Node)
+    assert any("duplicate gpu ids: 0" in m for _, m in errs)
+
+
+def test_an_integer_node_id_is_read_as_a_string_and_true_is_not() -> None:
+    assert Node.model_validate_json('{"id": 7, "cpu": 1, "memory": 1}').id == "7"
+    assert ("id",) in locs({"id": True, "cpu": 1, "memory": 1}, Node)
+
+
+def test_assignment_gpu_ids_from_a_store_row_accept_integers() -> None:
+    a = Assignment.model_validate(
+        {
+            "workload_id": "j/g/0",
+            "job": "j",
+            "group": "g",
+            "ordinal": 0,
+            "node": "n",
+            "gpu_ids": [0, "1"],
+            "cpu": 1,
+            "memory": 1,
+        }
+    )
+    assert a.gpu_ids == ("0", "1")
+
+
 # -- schema ------------------------------------------------------------------------------
 @pytest.mark.parametrize("model", [Job, Node, Assignment, TaskGroup])
 def test_json_schema_export(

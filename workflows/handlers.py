@@ -15,7 +15,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
-from workflows.inputs import Payload, busy, json_size, parse, refuse, update_arg
+from workflows.inputs import Payload, busy, json_size, parse, parse_batch, refuse, update_arg
 from workflows.queue import JobQueue
 from workflows.state import LoopState
 
@@ -27,7 +27,10 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["PATCH_DROPPED_SIGNALS", "Handlers"]
 
 #: A dropped signal (bad payload, unknown name) is counted and published by a pass.
+#: Folded into the baseline (no longer branched on); the name stays for importers.
 PATCH_DROPPED_SIGNALS = "dropped-signals-1"
+#: Rejected items of one register_node signal shown one by one in the worker log.
+LOGGED_ITEMS = 20
 
 
 class Handlers:
@@ -57,9 +60,21 @@ class Handlers:
     # -- signals: parsed here, never refused (see workflows.inputs) -----------------------
     @workflow.signal(name=c.SIGNAL_REGISTER_NODE)
     def register_node(self, *args: Any) -> None:
-        req = self._signal(c.SIGNAL_REGISTER_NODE, c.RegisterNodes, args)
-        for node in req.nodes if req is not None else ():
+        """Registers every valid node of the batch; each invalid one is reported
+        (by id and field) through the dropped-signal notice, never the whole batch."""
+        name = c.SIGNAL_REGISTER_NODE
+        batch = parse_batch(c.RegisterNodes, "nodes", args)
+        kept = batch.value.nodes if batch.value is not None else []
+        for node in kept:
             self.inbox.append(c.RegisterOp(node=node))
+        if batch.problem:
+            self._dropped(name, batch.problem)
+        elif batch.rejected:
+            for line in batch.rejected[:LOGGED_ITEMS]:
+                workflow.logger.warning("%s: node dropped: %s", name, line[:500])
+            shown = "; ".join(f"node {line}" for line in batch.rejected)
+            total = len(kept) + len(batch.rejected)
+            self._dropped(name, f"{len(batch.rejected)} of {total} nodes dropped: {shown}")
 
     @workflow.signal(name=c.SIGNAL_REMOVE_NODE)
     def remove_node(self, *args: Any) -> None:
@@ -89,8 +104,6 @@ class Handlers:
         """A signal could not be used: the sender cannot be told (signals are not
         answered), so it is logged, counted and shown (details, status) instead."""
         workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
-        if not workflow.patched(PATCH_DROPPED_SIGNALS):
-            return
         self.st.signals_dropped += 1
         self.st.last_dropped = f"{name}: {problem}"[:300]
         workflow.metric_meter().create_counter(

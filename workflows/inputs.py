@@ -11,7 +11,8 @@ parsed the same way so a validator can refuse them with a message naming fields.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -19,29 +20,94 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     import pydantic
 
+    from forge.core.limits import is_valid_name
     from forge.core.models import Job
     from forge.wire import errors
 
-__all__ = ["busy", "json_size", "parse", "refuse", "update_arg"]
+__all__ = ["Batch", "busy", "json_size", "parse", "parse_batch", "refuse", "update_arg"]
 
 Payload = TypeVar("Payload", bound=pydantic.BaseModel)
 
 
-def parse(model: type[Payload], args: tuple[Any, ...]) -> Payload | str:
-    """The one argument of a signal or update as ``model`` (validated in JSON mode,
-    as a typed handler would), or what is wrong with it, field errors first."""
+def _validate(
+    model: type[Payload], args: tuple[Any, ...]
+) -> Payload | pydantic.ValidationError | str:
     if len(args) != 1:
         return f"expected one argument, got {len(args)}"
     try:
         return model.model_validate_json(json.dumps(args[0]))
     except pydantic.ValidationError as err:
-        shown = [
-            f"{'.'.join(map(str, e['loc'])) or '(payload)'}: {e['msg']}" for e in err.errors()[:3]
-        ]
-        more = f" (+{err.error_count() - 3} more)" if err.error_count() > 3 else ""
-        return "; ".join(shown) + more
+        return err
     except (TypeError, ValueError) as err:  # not JSON data at all
         return f"not a {model.__name__}: {type(err).__name__}"
+
+
+def _errors_text(errs: list[Any], total: int, skip: int = 0) -> str:
+    shown = [f"{'.'.join(map(str, e['loc'][skip:])) or '(payload)'}: {e['msg']}" for e in errs[:3]]
+    more = f" (+{total - 3} more)" if total > 3 else ""
+    return "; ".join(shown) + more
+
+
+def parse(model: type[Payload], args: tuple[Any, ...]) -> Payload | str:
+    """The one argument of a signal or update as ``model`` (validated in JSON mode,
+    as a typed handler would), or what is wrong with it, field errors first."""
+    out = _validate(model, args)
+    if isinstance(out, pydantic.ValidationError):
+        return _errors_text(out.errors(), out.error_count())
+    return out
+
+
+def _item_label(index: int, item: object) -> str:
+    """An item by its id when it has a readable one, else by its position."""
+    value = item.get("id") if isinstance(item, dict) else None
+    if type(value) is int:
+        value = str(value)
+    return value if isinstance(value, str) and is_valid_name(value) else f"[{index}]"
+
+
+@dataclass(frozen=True)
+class Batch(Generic[Payload]):
+    """What :func:`parse_batch` made of a signal."""
+
+    value: Payload | None  # None: nothing of it is usable
+    #: one line per item left out, by id (or ``[position]`` when it has no readable
+    #: id) and field: ``"n5: cpu: Input should be greater than or equal to 0"``
+    rejected: list[str] = field(default_factory=list)
+    problem: str = ""  # what is wrong with the payload as a whole (value is None)
+
+
+def parse_batch(model: type[Payload], key: str, args: tuple[Any, ...]) -> Batch[Payload]:
+    """A signal's argument as ``model`` keeping only the valid items of its list
+    field ``key``: one bad node must not drop a batch of them. When the envelope
+    itself is wrong (not a mapping, unknown keys, too many items, a rule across the
+    items), nothing is used."""
+    out = _validate(model, args)
+    if isinstance(out, str):
+        return Batch(None, problem=out)
+    if not isinstance(out, pydantic.ValidationError):
+        return Batch(out)
+    whole = Batch[Payload](None, problem=_errors_text(out.errors(), out.error_count()))
+    raw = args[0]
+    items = raw.get(key) if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        return whole
+    by_item: dict[int, list[Any]] = {}
+    for e in out.errors():
+        loc = e["loc"]
+        if len(loc) < 2 or loc[0] != key or type(loc[1]) is not int:
+            return whole  # the envelope is wrong
+        by_item.setdefault(loc[1], []).append(e)
+    rejected = [
+        f"{_item_label(i, items[i])}: {_errors_text(errs, len(errs), skip=2)}"
+        for i, errs in sorted(by_item.items())
+    ]
+    kept = [item for i, item in enumerate(items) if i not in by_item]
+    if not kept:
+        return Batch(None, rejected)
+    again = _validate(model, ({**raw, key: kept},))
+    if isinstance(again, pydantic.ValidationError | str):  # a rule across the items
+        return whole
+    return Batch(again, rejected)
 
 
 def update_arg(model: type[Payload], raw: Any) -> Payload:

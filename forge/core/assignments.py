@@ -8,7 +8,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from forge.core.fields import Evolving, Float, Int, Model
+from forge.core.fields import Evolving, Float, Int, IntAsStr, Model
 from forge.core.limits import GPU_MILLI
 
 __all__ = ["Assignment", "AssignmentStatus", "Pending", "workload_id"]
@@ -34,7 +34,7 @@ class Assignment(Evolving):
     group: str
     ordinal: Int = Field(ge=0)
     node: str
-    gpu_ids: tuple[str, ...] = ()
+    gpu_ids: tuple[Annotated[str, IntAsStr], ...] = ()  # a store row's 0 is "0"
     cpu: Int
     memory: Int
     status: AssignmentStatus = AssignmentStatus.PENDING

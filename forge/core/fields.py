@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -25,16 +26,32 @@ __all__ = [
     "Cpu",
     "Evolving",
     "Float",
+    "Id",
     "Int",
+    "IntAsStr",
     "Memory",
     "Model",
     "Name",
     "Seconds",
     "ShortStr",
+    "int_as_str",
     "no_control",
 ]
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="1-63 of [A-Za-z0-9._-]")]
+
+
+def int_as_str(value: Any) -> Any:
+    """A JSON integer as its decimal string; anything else unchanged (and then
+    validated as a string: ``true`` and ``1.0`` stay errors)."""
+    return str(value) if type(value) is int else value  # type(): True is an int too
+
+
+#: A string id that may also arrive as a JSON integer (GPU device ids are 0, 1, ...
+#: in nvidia-smi and most inventories): ``0`` is read as ``"0"``.
+IntAsStr = BeforeValidator(int_as_str)
+#: A Name (an id) that may be given as an integer: ``{"id": 0}`` is ``"0"``.
+Id = Annotated[Name, IntAsStr]
 # Numbers and booleans are strict (``"500"`` or ``"yes"`` is an error, not a
 # coercion); containers are lax so YAML lists fill tuple fields and strings fill
 # enums.

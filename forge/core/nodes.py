@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from forge.core.fields import Cpu, Evolving, Memory, Model, Name, ShortStr, no_control
+from forge.core.fields import Cpu, Evolving, Id, Memory, Model, Name, ShortStr, no_control
 from forge.core.limits import MAX_GPUS, MAX_LABELS, MAX_TAINTS
 
 __all__ = ["GpuDevice", "Node", "NodeState", "Taint", "Toleration", "tolerated"]
@@ -55,7 +55,7 @@ def tolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) ->
 
 
 class GpuDevice(Model):
-    id: Name
+    id: Id  # an integer (nvidia-smi's index) is read as its decimal string
     model: Name
     memory: Memory
 
@@ -69,7 +69,7 @@ class NodeState(StrEnum):
 class Node(Evolving):
     _new_fields = ("taints",)
 
-    id: Name
+    id: Id
     cpu: Cpu
     memory: Memory
     gpus: tuple[GpuDevice, ...] = Field(default=(), max_length=MAX_GPUS)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from forge.core.autoscale import AutoscaleState
+from forge.core.fields import IntAsStr
 from forge.core.models import MAX_REPLICAS, Job, Name, Node
 from forge.core.reconcile import FailureHistory, PendingEntry, ReconcileOptions
 from forge.core.rolling import GroupRollout
@@ -201,7 +202,7 @@ class RegisterNodes(_Msg):
 
 
 class NodeRef(_Msg):
-    node_id: str
+    node_id: Annotated[str, IntAsStr]  # as Node.id: 7 is "7"
 
 
 # -- node operations: what the signals and drain_node ask of the next pass --------------

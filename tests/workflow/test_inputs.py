@@ -5,10 +5,12 @@ change nothing once the replica has moved (as after a reset that reapplies them)
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from forge.client.client import ForgeClient
@@ -122,3 +124,59 @@ async def test_a_burst_of_node_registrations_is_persisted_in_bounded_chunks(
                         sizes.append(sum(len(n.model_dump_json()) for n in persist.nodes_upsert))
         one = len(big("n0-000").model_dump_json())
         assert len(sizes) >= 4 and max(sizes) <= NODE_BYTES + one, sizes
+
+
+async def test_one_bad_node_does_not_drop_the_batch_and_integer_gpu_ids_are_read(
+    skipping_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Plain JSON, as any Temporal client sends it: seven nodes, one with cpu -1 and
+    one whose GPU ids are JSON integers. Six register (the GPU ids as "0", "1"), the
+    bad one is reported by its id and field through the dropped-signal notice."""
+
+    def plain(node_id: str, **kw: Any) -> dict[str, Any]:
+        return {"id": node_id, "cpu": 4000, "memory": 8192, **kw}
+
+    nodes = [plain(f"n{i}") for i in range(1, 5)]
+    nodes.insert(2, plain("bad", cpu=-1))
+    gpus = [{"id": i, "model": "A100", "memory": 40960} for i in range(2)]
+    nodes.append(plain("g1", gpus=gpus))
+    nodes.append(plain("n5"))
+    assert len(nodes) == 7
+    async with cluster(skipping_env.client) as (fc, store):
+        await fc.start()
+        with caplog.at_level(logging.WARNING):
+            await fc.handle().signal(c.SIGNAL_REGISTER_NODE, {"nodes": nodes})
+            status = await _until(
+                fc.status, lambda s: s.summary.nodes == 6 and bool(s.notices), "six nodes"
+            )
+        assert sorted(n.id for n in status.nodes) == ["g1", "n1", "n2", "n3", "n4", "n5"]
+        (notice,) = status.notices
+        assert notice.startswith("1 signal(s) dropped; last: register_node: 1 of 7 nodes"), notice
+        assert "node bad: cpu: Input should be greater than or equal to 0" in notice, notice
+        stored = {n.id: n for n in store.nodes(fc.cluster)}
+        assert [g.id for g in stored["g1"].gpus] == ["0", "1"]
+        assert "bad" not in stored
+        doc = await fc.published()
+        assert doc is not None and doc.notices == [notice]
+        assert any("node dropped: bad: cpu" in r.getMessage() for r in caplog.records)
+
+        # a GPU node binds to its integer-named devices
+        await fc.submit_job(job("train", replicas=2, gpu=1))
+        bound = sorted((a.node, tuple(a.gpu_ids)) for a in await fc.assignments() if a.node == "g1")
+        assert bound == [("g1", ("0",)), ("g1", ("1",))]
+
+        # without a readable id the node is named by its position; bools stay errors
+        await fc.handle().signal(
+            c.SIGNAL_REGISTER_NODE,
+            {"nodes": [{"cpu": 1, "memory": 1}, plain("n6"), plain(True)]},  # type: ignore[arg-type]
+        )
+        status = await _until(fc.status, lambda s: "2 signal(s)" in str(s.notices), "notice")
+        assert status.summary.nodes == 7
+        assert "2 of 3 nodes dropped: node [0]: id: Field required" in status.notices[0]
+        assert "node [2]: id: Input should be a valid string" in status.notices[0]
+
+        # an envelope that is wrong as a whole still drops the signal as before
+        await fc.handle().signal(c.SIGNAL_REGISTER_NODE, {"nodes": [plain("n7")], "x": 1})
+        status = await _until(fc.status, lambda s: "3 signal(s)" in str(s.notices), "notice")
+        assert "last: register_node: x: Extra inputs are not permitted" in status.notices[0]
+        assert status.summary.nodes == 7

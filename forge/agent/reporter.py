@@ -4,7 +4,10 @@ While the store is unreachable the tasks keep running and their reports queue
 here; each flush sends the oldest first and drops only what the store accepted,
 so reports arrive in the order they happened and none is sent twice (unless the
 store committed a batch and then failed to say so: a duplicate status report is
-harmless, the loop keeps the latest per replica). Usage samples are the only
+harmless, the store drops a report that repeats a replica's known state and the
+loop keeps the latest per replica). Usage samples (``running`` with cpu and
+memory, no health verdict) never wake the loop: the store keeps them for the
+autoscaler and ``forge status`` (``forge.stores.base.next_state``). They are the only
 reports that may be coalesced: a newer sample of a replica replaces an unsent
 older one, so a long outage cannot grow the queue without bound.
 """

@@ -42,6 +42,7 @@ __all__ = [
     "delta_digest",
     "forgets_state",
     "group_of",
+    "is_usage",
     "mean_usage",
     "next_state",
     "rows_digest",
@@ -163,15 +164,21 @@ def next_state(prev: ReplicaState | None, report: TaskReport) -> ReplicaState | 
     """The replica's state after ``report``, or None when the report changes nothing
     the loop decides on (wake for decisions, not for data).
 
-    A report is a decision when the store knows nothing of the replica yet, or when
-    its status or node differ from the last decision, or when it carries a health
-    verdict other than the last one. A usage sample (``running`` on the same node,
-    no verdict) and a repeated ``running`` / ``failed`` (an agent that restarted,
-    a batch sent twice) are not: they stay in the store, where ``group_usage`` and
-    ``latest_usage`` read them, and never move the reports sequence the watch
-    follows. ``apply_delta`` forgets the state of a replica it releases or binds
-    pending, so the first report about a new binding is always a decision.
+    A usage sample (``running`` with cpu or memory, no health verdict) never is:
+    an agent sends a replica's ``running`` transition before its first sample, so
+    a sample says nothing the loop has not heard, and a sample of the process a new
+    binding replaces (a new version on the same node) must not stand in for the new
+    process's own start. Any other report is a decision when the store knows
+    nothing of the replica yet, when its status or node differ from the last
+    decision, or when it carries a health verdict other than the last one; a
+    repeated ``running`` / ``failed`` (an agent that restarted, a batch sent twice)
+    is not. What is no decision stays in the store (``group_usage`` and
+    ``latest_usage`` read the samples) and never moves the reports sequence the
+    watch follows. ``apply_delta`` forgets the state of a replica it releases or
+    binds pending, so the first report about a new binding is always a decision.
     """
+    if report.status == "running" and report.healthy is None and is_usage(report):
+        return None
     if (
         prev is not None
         and prev[0] == report.status
@@ -180,6 +187,11 @@ def next_state(prev: ReplicaState | None, report: TaskReport) -> ReplicaState | 
     ):
         return None
     return (report.status, report.node, report.healthy)
+
+
+def is_usage(report: TaskReport) -> bool:
+    """The report carries a usage sample (cpu or memory)."""
+    return report.cpu is not None or report.memory is not None
 
 
 def forgets_state(delta: Delta) -> list[str]:
@@ -392,8 +404,7 @@ class Store(Protocol):
 
         Only decisions (see ``next_state``) are appended with the next sequence
         numbers; every report carrying cpu or memory updates the replica's latest
-        usage, decision or not. A usage sample alone therefore moves nothing the
-        watch follows."""
+        usage. A usage sample therefore moves nothing the watch follows."""
         ...
 
     def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:

@@ -206,8 +206,8 @@ def test_clusters_are_isolated(store: Store) -> None:
     assert store.list_jobs("y") == [make_job("a")]
     assert store.fence("y") is None
     assert store.assignments("y") == []
-    assert store.report("x", [usage("a/api/0", 1.0, cpu=0.5)]) == 1
-    assert store.report("y", [usage("a/api/0", 1.0, cpu=0.5)]) == 1
+    assert store.report("x", [TaskReport(workload_id="a/api/0", status="running", at=1.0)]) == 1
+    assert store.report("y", [TaskReport(workload_id="a/api/0", status="failed", at=1.0)]) == 1
 
 
 # -- actual state ----------------------------------------------------------------------
@@ -374,18 +374,24 @@ def test_expired_nodes_are_registered_live_nodes_with_an_old_heartbeat(store: St
 
 def test_reports_get_increasing_sequence_numbers_and_page(store: Store) -> None:
     batch1 = [
-        TaskReport(workload_id="web/api/0", status="running", cpu=0.1, memory=0.2, at=1.0),
+        TaskReport(workload_id="web/api/0", status="running", at=1.0),
         TaskReport(workload_id="web/api/1", status="failed", at=2.0, message="exit 137"),
         TaskReport(workload_id="web/api/0", status="exited", at=3.0),
     ]
     assert store.report(C, batch1) == 3
-    assert store.report(C, [usage("web/api/2", 4.0, cpu=0.3), usage("web/api/3", 5.0)]) == 5
+    batch2 = [
+        TaskReport(workload_id="web/api/2", status="running", at=4.0),
+        usage("web/api/2", 4.5, cpu=0.3),  # a usage sample: no number
+        TaskReport(workload_id="web/api/3", status="exited", at=5.0),
+    ]
+    assert store.report(C, batch2) == 5
     assert store.report(C, []) == 5
     assert store.report("empty", []) == 0
 
     got = store.reports_since(C, 0)
     assert [r.seq for r in got] == [1, 2, 3, 4, 5]
     assert [r.model_copy(update={"seq": 0}) for r in got[:3]] == batch1
+    assert [r.at for r in got[3:]] == [4.0, 5.0]
     assert [r.seq for r in store.reports_since(C, 3)] == [4, 5]
     assert [r.seq for r in store.reports_since(C, 0, limit=2)] == [1, 2]
     assert store.reports_since(C, 5) == []
@@ -481,6 +487,10 @@ def test_releasing_or_binding_pending_makes_the_next_report_news(store: Store) -
     assert store.report(C, [running.model_copy(update={"at": 3.0})]) == 2
     # a pending bind alone (a new version on the same node) forgets it too
     store.apply_delta(C, Fence(1, 5), Delta(bind=[bound("web", "api", 0)]))
+    # ... and a late sample of the process it replaces does not stand in for the
+    # new process's start, which is news
+    stale = usage("web/api/0", 3.5, cpu=0.2).model_copy(update={"node": "n1"})
+    assert store.report(C, [stale]) == 2
     assert store.report(C, [running.model_copy(update={"at": 4.0})]) == 3
     assert store.report(C, [running.model_copy(update={"at": 5.0})]) == 3
 
@@ -520,7 +530,7 @@ def test_group_usage_forgets_released_replicas(store: Store) -> None:
     )
     store.apply_delta(C, Fence(1, 2), Delta(release=["web/api/0"]))
     assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.1, 0.1))}
-    assert len(store.reports_since(C, 0)) == 2  # the report history itself is kept
+    assert store.reports_since(C, 0) == []  # samples never were decisions
 
 
 def test_latest_usage_is_each_bound_replicas_last_usage_report_with_its_message(
@@ -634,6 +644,7 @@ def test_a_durable_store_survives_reopening(durable_backend: Backend) -> None:
     )
     first.apply_delta(C, Fence(3, 7), delta)
     first.heartbeat(C, "n1", 5.0)
+    first.report(C, [TaskReport(workload_id="a/api/0", status="running", at=5.5)])
     first.report(C, [usage("a/api/0", 6.0, cpu=0.25, memory=0.75)])
     first.close()
 
@@ -649,7 +660,7 @@ def test_a_durable_store_survives_reopening(durable_backend: Backend) -> None:
     assert again.group_usage(C, since=0.0) == {"a/api": pytest.approx((0.25, 0.75))}
     assert again.put_job(C, make_job("c")) == 4
     # the replica's state survived too: the same "running" again is not news
-    assert again.report(C, [usage("a/api/0", 7.0)]) == 1
+    assert again.report(C, [TaskReport(workload_id="a/api/0", status="running", at=7.0)]) == 1
     assert again.report(C, [TaskReport(workload_id="a/api/0", status="failed", at=8.0)]) == 2
 
 
@@ -681,6 +692,9 @@ def test_migrations_are_safe_when_workers_start_together(durable_backend: Backen
     assert errors == []
     assert versions == [LATEST_VERSION] * workers
     assert _applied_versions(durable_backend.url) == list(range(1, LATEST_VERSION + 1))
+
+
+WEB = ["web/api/0", "web/api/1"]
 
 
 def _at_version_4(url: str) -> Any:
@@ -749,11 +763,11 @@ def test_migrating_old_reports_keeps_usage_and_known_states(durable_backend: Bac
         ("web/api/0", "running", "cpu 5m ports http=1", "n1"),
         ("web/api/1", "running", "cpu 2m", "n1"),
     ]
-    # web/api/0 runs (its binding says so): its next usage sample is no news; the
-    # pending web/api/1 starts with no state, so its next report is
-    on_n1 = {"node": "n1"}
-    assert store.report(C, [usage("web/api/0", 4.0, cpu=0.5).model_copy(update=on_n1)]) == 3
-    assert store.report(C, [usage("web/api/1", 4.0, cpu=0.5).model_copy(update=on_n1)]) == 4
+    # web/api/0 runs (its binding says so): "running" again is no news; the pending
+    # web/api/1 starts with no state, so its first report is
+    again = [TaskReport(workload_id=w, status="running", at=4.0, node="n1") for w in WEB]
+    assert store.report(C, again[:1]) == 3
+    assert store.report(C, again[1:]) == 4
 
 
 def test_a_database_newer_than_the_code_is_refused(tmp_path: Path) -> None:

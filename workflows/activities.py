@@ -4,6 +4,27 @@ The workflow calls ``await acts.persist(...)`` rather than ``execute_activity`` 
 a name and a result type, so the name, the payload types and the options of an
 activity are written once, here, and mypy checks every call. Names and payloads
 are those of :mod:`forge.wire.activity_contract`: renaming one is a wire change.
+
+No activity failure ends the loop. Raised from workflow code, an ``ActivityError``
+(a temporalio ``FailureError``) would fail the workflow *execution*: the cluster
+would have no loop until someone starts it again. So every call here ends in one
+of three ways:
+
+- a store error (``StoreError``: a closed store, a database schema newer than the
+  code; the store activities raise it non-retryable) is waited out: the call is
+  made again after a durable timer (1 s doubling to ``STORE_WAIT_MAX``), with the
+  failure logged, counted (``forge_activity_errors_total``), shown in the current
+  details and in the memo ``forge-stalled``, which the watchdog and ``forge status``
+  show ("stuck since ...: store error: ..."). A failed workflow task would not do:
+  its retry replays the same ``ActivityTaskFailed`` event and fails the same way,
+  so the loop would stay stuck after the store came back;
+- any other failure for good (a non-retryable error other than the ones a caller
+  handles, such as ``StaleFence``) raises :class:`LoopActivityFailed`, which is not
+  a ``FailureError``: it fails the workflow *task* (the run stays running, its
+  history intact, until a fixed worker or an operator's reset moves it on), and
+  the watchdog shows its cause;
+- a cancellation (only a cancelled workflow cancels these) stays an
+  ``ActivityError``, so cancelling the workflow still cancels it.
 """
 
 from __future__ import annotations
@@ -13,16 +34,22 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from forge.stores.base import ApplyResult, JobPage
     from forge.wire import activity_contract as ac
+    from forge.wire import contract as c
     from forge.wire import errors
 
 __all__ = [
     "STORE_HEARTBEAT",
     "STORE_RETRY",
     "STORE_TIMEOUT",
+    "STORE_WAIT_FIRST",
+    "STORE_WAIT_MAX",
+    "LoopActivityFailed",
+    "cause_of",
     "fence",
     "group_spec",
     "job_changes",
@@ -47,20 +74,97 @@ STORE_TIMEOUT = timedelta(seconds=60)
 # start-to-close timeout), which is what bounds crash recovery.
 STORE_HEARTBEAT = timedelta(seconds=2)
 
+#: A call that failed with a store error is made again after this long, doubling up
+#: to STORE_WAIT_MAX. Each wait is a timer and each call an activity in history
+#: (~11 events): at the cap an outage costs ~330 events an hour, so a run reaches
+#: the server's 51,200-event limit only after days of it.
+STORE_WAIT_FIRST = 1.0
+STORE_WAIT_MAX = 120.0
+#: The failure types a call waits out instead of failing (``StoreError`` is also the
+#: class name of the stores' exception: an activity that lets one escape fails with it).
+STORE_DOWN = frozenset({errors.STORE_ERROR})
+_STALLED_MARK = "**stalled:** "
+
 _Out = TypeVar("_Out")
 
 
+class LoopActivityFailed(RuntimeError):
+    """An activity of the loop failed for good with an error nothing handles.
+
+    Not a temporalio ``FailureError`` (nor a ``TimeoutError``), so raised from workflow
+    code it fails the workflow task, not the workflow: the run stays, Temporal
+    retries the task, and the watchdog and ``forge status`` show the message."""
+
+    def __init__(self, activity: str, cause_type: str, message: str) -> None:
+        super().__init__(f"{activity}: {cause_type}: {message}"[:2000])
+        self.activity = activity
+        self.cause_type = cause_type
+        self.cause_message = message
+
+
+def cause_of(err: BaseException) -> tuple[str, str]:
+    """The type name and message of what made an activity fail (``ApplicationError``:
+    its type, which for an exception the activity let escape is its class name)."""
+    cause = err.cause if isinstance(err, ActivityError) and err.cause is not None else err
+    kind = getattr(cause, "type", None) or type(cause).__name__
+    message = cause.message if isinstance(cause, FailureError) else str(cause)
+    return str(kind), message
+
+
 async def _call(name: str, arg: Any, result_type: type[_Out], summary: str) -> _Out:
-    out: _Out = await workflow.execute_activity(
-        name,
-        arg,
-        result_type=result_type,
-        start_to_close_timeout=STORE_TIMEOUT,
-        heartbeat_timeout=STORE_HEARTBEAT,
-        retry_policy=STORE_RETRY,
-        summary=summary[:200],
-    )
-    return out
+    waited = 0
+    while True:
+        try:
+            out: _Out = await workflow.execute_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=STORE_TIMEOUT,
+                heartbeat_timeout=STORE_HEARTBEAT,
+                retry_policy=STORE_RETRY,
+                summary=summary[:200],
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise  # the workflow is being cancelled
+            kind, message = cause_of(err)
+            if kind not in STORE_DOWN:
+                raise LoopActivityFailed(name, kind, message) from err
+            waited += 1
+            delay = min(STORE_WAIT_MAX, STORE_WAIT_FIRST * 2 ** min(waited - 1, 16))
+            _stalled(name, kind, message, delay)
+            await workflow.sleep(delay, summary=f"{name} failed ({kind}); again in {delay:g} s")
+            continue
+        if waited:
+            _recovered(name, waited)
+        return out
+
+
+def _stalled(name: str, kind: str, message: str, delay: float) -> None:
+    """Show that the loop waits for the store: logged and counted each time, the
+    memo (for describe) set once per outage, the details always."""
+    line = f"{name}: {kind}: {message}"[:500]
+    workflow.logger.warning("store error, trying again in %g s: %s", delay, line)
+    workflow.metric_meter().create_counter(
+        "forge_activity_errors_total", "store activity calls that failed and are waited out"
+    ).add(1, {"activity": name[:64], "type": kind[:64]})
+    if workflow.memo_value(c.MEMO_STALLED, None) is None:
+        since = workflow.now().timestamp()
+        workflow.upsert_memo({c.MEMO_STALLED: {"since": since, "activity": name, "error": line}})
+    details = workflow.get_current_details()
+    if details.startswith(_STALLED_MARK):
+        details = details.partition("\n\n")[2]
+    shown = f"{_STALLED_MARK}store error, calling {name} again in {delay:g} s: {line}"
+    workflow.set_current_details(f"{shown}\n\n{details}")
+
+
+def _recovered(name: str, waited: int) -> None:
+    workflow.logger.info("store back: %s succeeded after %d failed calls", name, waited)
+    if workflow.memo_value(c.MEMO_STALLED, None) is not None:
+        workflow.upsert_memo({c.MEMO_STALLED: None})
+    details = workflow.get_current_details()
+    if details.startswith(_STALLED_MARK):
+        workflow.set_current_details(details.partition("\n\n")[2])
 
 
 async def fence(cluster: str) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import activities as acts
 from workflows import loading
@@ -354,9 +353,8 @@ class ClusterWorkflow(Presentation):
         )
         try:
             result = await acts.persist(persist, summary=summary)
-        except ActivityError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == errors.STALE_FENCE:
+        except acts.LoopActivityFailed as err:  # what is not handled fails the task
+            if err.cause_type == errors.STALE_FENCE:
                 # Another run persisted a newer pass (a reset, a second starter):
                 # our view is stale. Reload from the store and plan again.
                 workflow.logger.warning("stale fence; reloading state from the store")

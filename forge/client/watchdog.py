@@ -11,7 +11,11 @@ would: resets the run to its first completed workflow task. That is safe here: t
 store holds the state, persists are fenced (a reset run moves to a newer
 generation), and the signals and updates the reset reapplies are idempotent.
 
-A deadlock is reported, not reset: the same code would deadlock again.
+A deadlock is reported, not reset: the same code would deadlock again. Nor is a
+task failed by an activity error the loop does not handle (``LoopActivityFailed``:
+"activity failed", with the activity and its error). A loop that waits out a
+failing store fails no task; it says so in its memo (``forge-stalled``), shown as
+"store error" with the error.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import structlog
 from temporalio.api.common.v1 import WorkflowExecution
@@ -29,8 +33,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import MetricMeter
 
 from forge.wire import contract as c
+from forge.wire import errors
 
-__all__ = ["DIVERGENCE", "Stuck", "diagnose", "recover", "watch"]
+__all__ = ["ACTIVITY_FAILED", "DIVERGENCE", "STORE_ERROR", "Stuck", "diagnose", "recover", "watch"]
 
 log = structlog.get_logger("forge.client.watchdog")
 
@@ -56,14 +61,39 @@ class Stuck:
     @property
     def line(self) -> str:
         when = self.since.isoformat(timespec="seconds") if self.since else "?"
-        return f"stuck since {when}: {self.cause} (workflow task attempt {self.attempt})"
+        if self.cause == STORE_ERROR:
+            return f"stuck since {when}: {self.cause}: {self.message[:300]} (retrying)"
+        what = (
+            f"{self.cause}: {self.message[:300]}" if self.cause == ACTIVITY_FAILED else self.cause
+        )
+        return f"stuck since {when}: {what} (workflow task attempt {self.attempt})"
+
+
+#: The causes besides nondeterminism and deadlock that name the loop's own reports.
+STORE_ERROR = "store error"
+ACTIVITY_FAILED = "activity failed"
 
 
 async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
-    """Is the workflow's current run stuck on a failing workflow task? None if not."""
+    """Is the workflow's current run stuck on a failing workflow task, or waiting
+    for a failing store? None if not."""
     desc = await client.get_workflow_handle(workflow_id).describe()
     pending = desc.raw_description.pending_workflow_task
-    if desc.status != WorkflowExecutionStatus.RUNNING or pending.attempt < 2:
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    stalled = (await desc.memo()).get(c.MEMO_STALLED)
+    if isinstance(stalled, dict) and pending.attempt < 2:
+        since = stalled.get("since")
+        return Stuck(
+            workflow_id=workflow_id,
+            run_id=desc.run_id or "",
+            attempt=pending.attempt,
+            cause=STORE_ERROR,
+            since=datetime.fromtimestamp(since, UTC) if isinstance(since, int | float) else None,
+            reset_to=None,
+            message=str(stalled.get("error", ""))[:500],
+        )
+    if pending.attempt < 2:
         return None
     run_id = desc.run_id or ""
     failed = None
@@ -90,6 +120,8 @@ async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
         cause = "nondeterminism"
     elif _DEADLOCK_MARK in message:
         cause = "deadlock"
+    elif kind == errors.LOOP_ACTIVITY_FAILED:
+        cause = ACTIVITY_FAILED
     else:
         cause = (
             WorkflowTaskFailedCause.Name(attrs.cause)

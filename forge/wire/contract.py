@@ -22,6 +22,7 @@ __all__ = [
     "MAX_JOBS_PER_UPDATE",
     "MAX_NODES_PER_SIGNAL",
     "MAX_WORKLOADS_PER_UPDATE",
+    "MEMO_STALLED",
     "MEMO_SUMMARY",
     "QUERY_ASSIGNMENTS",
     "QUERY_EXPLAIN",
@@ -113,6 +114,10 @@ MAX_JOBS_PER_UPDATE = 200
 
 #: The memo key under which the loop publishes its ``Summary`` (for describe()).
 MEMO_SUMMARY = "forge"
+#: Set while the loop waits for a failing store (``{"since", "activity", "error"}``
+#: of the first failure; removed once a call succeeds): what the watchdog and
+#: ``forge status`` show as "stuck since ...: store error: ...".
+MEMO_STALLED = "forge-stalled"
 
 
 def workflow_id(cluster: str) -> str:

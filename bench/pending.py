@@ -27,7 +27,7 @@ from forge.core.models import (
     TaskGroup,
 )
 
-__all__ = ["PendingWorkload", "pending_heavy", "write_csv"]
+__all__ = ["PendingWorkload", "gpu_exhausted", "pending_heavy", "write_csv"]
 
 _NODE_KINDS = (  # (cpu, memory MiB, gpus, model), weight
     ((32_000, 131_072, 0, ""), 4),
@@ -117,6 +117,67 @@ def pending_heavy(
     return PendingWorkload(node_list, jobs, shapes, bad)
 
 
+_GPU_MODELS = ("T4", "V100M32", "A100")
+
+
+def gpu_exhausted(nodes: int, pods: int, *, shapes: int = 30, seed: int = 0) -> PendingWorkload:
+    """The shape a user reported the loop stuck on: a quarter of the nodes with 1-8
+    GPUs of three models, ~15% of the single-replica pods asking 1-4 GPUs (a third
+    of those pinned to one model, as the trace's ``gpu_spec``), so GPU capacity runs
+    out and thousands of pods stay pending with per-model reasons; the rest are
+    CPU-only shapes that mostly fit. ``unplaceable`` counts the pods that ask more
+    GPUs than any node of an allowed model has (few: most pending ones could fit an
+    empty node, which is what makes them expensive to diagnose)."""
+    rng = random.Random(f"forge-gpu-exhausted/{nodes}x{pods}/{shapes}/{seed}")
+    node_list = []
+    most: dict[str, int] = {}
+    for i in range(nodes):
+        cpu = rng.choice((32_000, 64_000, 96_000))
+        mem = cpu * rng.choice((2, 4))
+        count, model = 0, ""
+        if rng.random() < 0.25:
+            count, model = rng.randint(1, 8), rng.choice(_GPU_MODELS)
+            most[model] = max(most.get(model, 0), count)
+        node_list.append(
+            Node(
+                id=f"node-{i:05d}",
+                cpu=cpu,
+                memory=mem,
+                gpus=tuple(
+                    GpuDevice(id=f"gpu{d}", model=model, memory=16_384) for d in range(count)
+                ),
+                labels={"gpu-model": model} if count else {},
+            )
+        )
+    gpu_shapes = max(3, shapes // 5)
+    groups: list[TaskGroup] = []
+    for s in range(shapes):
+        gpu = (1, 2, 4, 1, 2)[s % 5] if s < gpu_shapes else 0
+        models: tuple[str, ...] = ()
+        if gpu and s % 3 == 0:
+            models = (_GPU_MODELS[(s // 3) % len(_GPU_MODELS)],)
+        cpu = rng.choice((250, 500, 1_000, 2_000, 4_000)) + 10 * (s % 37)
+        mem = cpu * rng.choice((1, 2, 4)) + s
+        task = Task(
+            name="main",
+            resources=Resources(cpu=cpu, memory=mem, gpu=GpuRequest(count=gpu, models=models)),
+        )
+        groups.append(
+            TaskGroup(name="main", tasks=(task,), scaling=ScalingPolicy(min=0, max=1, desired=1))
+        )
+    jobs = []
+    bad = 0
+    for i in range(pods):
+        if rng.random() < 0.15:
+            g = groups[rng.randrange(gpu_shapes)]
+            r = g.request()
+            bad += all(most.get(m, 0) < r.gpu for m in (r.gpu_models or _GPU_MODELS))
+        else:
+            g = groups[rng.randrange(gpu_shapes, shapes)]
+        jobs.append(Job(id=f"pod-{i:06d}", name=f"pod-{i:06d}", priority=50, groups=(g,)))
+    return PendingWorkload(node_list, jobs, shapes, bad)
+
+
 def write_csv(w: PendingWorkload, directory: Path) -> tuple[Path, Path]:
     """The workload as Alibaba node and pod lists (``forge node add --file``)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -128,8 +189,9 @@ def write_csv(w: PendingWorkload, directory: Path) -> tuple[Path, Path]:
             out.writerow([n.id, n.cpu, n.memory, len(n.gpus), n.gpus[0].model if n.gpus else ""])
     with pods_csv.open("w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"])
+        out.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"])
         for j in w.jobs:
             r = j.groups[0].request()
-            out.writerow([j.id, r.cpu, r.memory, r.gpu, 1000 if r.gpu else 0])
+            spec = "|".join(r.gpu_models)
+            out.writerow([j.id, r.cpu, r.memory, r.gpu, 1000 if r.gpu else 0, spec])
     return nodes_csv, pods_csv

@@ -312,7 +312,7 @@ def _naive_binpack(placer: Placer, req: Request) -> NodeAlloc | None:
     """The binpack rule spelled out: score the first ``candidates`` nodes (in the
     placer's seeded order) that can take the replica now; the best wins, the
     earliest on a tie."""
-    window = [n for n in placer._order if n.schedulable and n.fits(req)][: placer.candidates]
+    window = [n for n in placer.order if n.schedulable and n.fits(req)][: placer.candidates]
     best, best_score = None, -1e18
     for n in window:
         s = combined(n, req, placer.scorers)

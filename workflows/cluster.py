@@ -29,16 +29,6 @@ from temporalio import workflow
 
 from workflows import activities as acts
 from workflows import loading
-from workflows.handlers import PATCH_DROPPED_SIGNALS
-from workflows.patches import (
-    PATCH_PLACEMENT_V2,
-    PATCH_PUBLISH,
-    PATCH_ROLLOUTS,
-    PATCH_ROLLOUTS_2,
-    PATCH_ROLLOUTS_3,
-    PATCH_WORK_BUDGET,
-    PATCH_WORK_BUDGET_2,
-)
 from workflows.presentation import Presentation, status_json
 from workflows.state import binding_row
 from workflows.watch import StoreWatch
@@ -46,11 +36,11 @@ from workflows.watch import StoreWatch
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import Node
     from forge.core.reconcile import (
-        DEFAULT_MAX_WORK,
-        MAX_WORK_V2,
-        PENDING_UNITS_V2,
+        MAX_WORK,
+        PENDING_UNITS,
         Carry,
         Plan,
+        ReconcileOptions,
         reconcile,
     )
     from forge.core.versions import with_tasks_of
@@ -59,18 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.wire import contract as c
     from forge.wire import errors, views
 
-__all__ = [
-    "PATCH_DROPPED_SIGNALS",
-    "PATCH_PLACEMENT_V2",
-    "PATCH_PUBLISH",
-    "PATCH_ROLLOUTS",
-    "PATCH_ROLLOUTS_2",
-    "PATCH_ROLLOUTS_3",
-    "PATCH_WORK_BUDGET",
-    "PATCH_WORK_BUDGET_2",
-    "ClusterWorkflow",
-    "DivergenceError",
-]
+__all__ = ["ClusterWorkflow", "DivergenceError"]
 
 #: Node JSON one pass persists at most (a burst of registrations between two passes
 #: is spread over several persists, each far below Temporal's 2 MiB payload limit).
@@ -97,12 +76,12 @@ class ClusterWorkflow(Presentation):
         await self._bootstrap()
         self.ready = True
         while True:
-            if self.dirty or self.inbox or self.queue.queued or self.watch.done():
-                await self._pass()
-                continue
-            if self._continue_as_new_now():
+            if self._continue_as_new_now() and not (self.inbox or self.queue.queued):
+                # Deferred work does not hold it up (the new run plans it from the
+                # store), so a due continue-as-new comes within a pass or two of
+                # becoming due, and updates are refused as busy only that long.
                 await self.watch.cancel()
-                if not (self.dirty or self.inbox):
+                if self._continue_as_new_now() and not (self.inbox or self.queue.queued):
                     workflow.continue_as_new(
                         c.ClusterInput(
                             cluster=self.st.cluster,
@@ -110,6 +89,9 @@ class ClusterWorkflow(Presentation):
                             checkpoint=self.st.checkpoint(),
                         )
                     )
+            if self.dirty or self.inbox or self.queue.queued or self.watch.done():
+                await self._pass()
+                continue
             self._ensure_watch()
             now = workflow.now().timestamp()
             wake, why = self.st.next_wake(now)
@@ -131,69 +113,72 @@ class ClusterWorkflow(Presentation):
                 self.dirty = True
 
     async def _bootstrap(self) -> None:
-        """Load the persisted state: the fence, nodes, bindings and jobs (paged)."""
+        """Load the persisted state: the fence, nodes, jobs, then bindings (paged).
+        Jobs come first so that each page of bindings is checked and held as it
+        arrives (``Carry.absorb``): no activation of a new run walks every binding."""
         st = self.st
         st.generation = max(st.generation, await acts.fence(st.cluster) + 1)
         st.pass_no = 0
-        nodes = await loading.load_nodes(st)
-        carry: Carry | None = None
-        if workflow.patched(PATCH_WORK_BUDGET):
-            # jobs first, so that each page of bindings is checked and held as it
-            # arrives: no activation of a new run walks every binding
-            st.nodes = nodes
-            st.jobs = {}
-            st.jobs_revision = 0
-            await loading.load_jobs(st)
-            carry = Carry.start(st.jobs, nodes, rolling=workflow.patched(PATCH_ROLLOUTS))
-        bindings, state_sum = await loading.load_bindings(st, carry)
-        st.nodes = nodes
+        st.nodes = await loading.load_nodes(st)
+        st.jobs = {}
+        st.jobs_revision = 0
+        await loading.load_jobs(st)
+        carry = Carry.start(st.jobs, st.nodes, rolling=True)
+        _, state_sum = await loading.load_bindings(st, carry)
         st.state_sum = state_sum % STATE_MOD
         st.carry = carry
-        if carry is not None:
-            st.bindings = carry.bindings
-        else:  # before the patch: the first pass checks every binding
-            st.bindings = bindings
-            st.jobs = {}
-            st.jobs_revision = 0
-            await loading.load_jobs(st)
+        st.bindings = carry.bindings
         st.last_resync = workflow.now().timestamp()
         self._details()
 
     async def _pass(self) -> None:
-        st = self.st
+        """Take what arrived, load, plan, persist, commit."""
         self.dirty = False
         now = workflow.now().timestamp()
-        nodes_upsert: dict[str, Node] = {}
-        nodes_remove: dict[str, None] = {}
+        nodes_upsert, nodes_remove = self._take_news()
+        written = await self._load(now)
+        # taken before planning: reconcile updates the bindings (the carry's) in place
+        status_changed = [w for w in self.st.status_updates if w in self.st.bindings]
+        plan, elapsed = self._plan(now)
+        if not await self._persist_pass(plan, status_changed, nodes_upsert, nodes_remove, now):
+            return  # state was reloaded from the store; plan again
+        revert = self._commit(plan, status_changed, written, elapsed, now)
+        if revert:
+            await self._revert(revert)
 
+    def _take_news(self) -> tuple[dict[str, Node], dict[str, None]]:
+        """The watch's news and the node operations, in arrival order: at most
+        NODE_BYTES of node JSON per pass (one persist input), the rest next pass."""
+        st = self.st
         if self.watch.done():
             news = self.watch.take()
             st.known_revision = max(st.known_revision, news.jobs_revision)
             st.known_reports_seq = max(st.known_reports_seq, news.reports_seq)
             self.inbox.extend(c.LostOp(node_id=n) for n in news.expired)
-
-        # node changes, in arrival order; with the work budget, at most
-        # NODE_BYTES of node JSON per pass (one persist input), the rest next pass
+        nodes_upsert: dict[str, Node] = {}
+        nodes_remove: dict[str, None] = {}
         inbox, self.inbox = self.inbox, []
-        chunked = workflow.patched(PATCH_WORK_BUDGET)
         size = 0
         for k, op in enumerate(inbox):
-            if chunked and isinstance(op, c.RegisterOp):
+            if isinstance(op, c.RegisterOp):
                 size += len(op.node.model_dump_json())
                 if size > NODE_BYTES and k:
                     self.inbox = inbox[k:] + self.inbox
                     self.dirty = True
                     break
             st.apply(op, nodes_upsert, nodes_remove)
+        return nodes_upsert, nodes_remove
 
-        # jobs, reports, metrics
+    async def _load(self, now: float) -> int:
+        """Write the queued jobs, load job changes, task reports and (when due)
+        metrics. Returns the job-queue ticket the pass plans with."""
+        st = self.st
         if now - st.last_resync >= st.opts.resync_seconds:
             st.jobs_revision = 0  # a full reload (swapped in when complete)
             st.last_resync = now
-        written = self.queue.written
         if self.queue.queued:
             await self._write_jobs()
-            written = self.queue.written
+        written = self.queue.written
         if st.known_revision > st.jobs_revision or not st.jobs_revision:
             await loading.load_jobs(st)
         self.queue.writing = {}  # now in st.jobs
@@ -201,37 +186,26 @@ class ClusterWorkflow(Presentation):
             await loading.load_reports(st)
         if await loading.autoscale(st, self.queue, now):
             self.dirty = True
+        return written
 
-        # plan (what to persist for status changes is taken first: reconcile may
-        # update the bindings, which are the carry's, in place)
-        failed = [w for w in st.failed if w in st.bindings]
-        status_changed = [w for w in st.status_updates if w in st.bindings]
-        options = st.opts.reconcile
-        bounded = workflow.patched(PATCH_WORK_BUDGET)
-        if bounded and not options.max_work:
-            # a pass plans at most this much and defers the rest to the next pass,
-            # and re-checks only what changed (the carry), so no activation runs
-            # near the SDK's 2 s deadlock limit, however big the cluster
-            if workflow.patched(PATCH_WORK_BUDGET_2):
-                update = {"max_work": MAX_WORK_V2, "pending_units": PENDING_UNITS_V2}
-            else:
-                update = {"max_work": DEFAULT_MAX_WORK}
-            options = options.model_copy(update=update)
-        rolling = workflow.patched(PATCH_ROLLOUTS)
-        if rolling:
-            options = options.model_copy(update={"rollouts": True})
-        checks = rolling and workflow.patched(PATCH_ROLLOUTS_3)
-        if checks:
-            options = options.model_copy(update={"health_checks": True})
-            st.take_health(now)
-        # -- placement-v2 (begin) --
-        carry = st.carry if bounded else None
-        if workflow.patched(PATCH_PLACEMENT_V2):
-            if options.placement_version < 2:
-                options = options.model_copy(update={"placement_version": 2})
-        elif options.placement_version >= 2:
-            carry = None  # what version 2 did before it kept the carry
-        # -- placement-v2 (end) --
+    def _options(self) -> ReconcileOptions:
+        """The pass's options: the cluster's, with the loop's work budget (a pass
+        plans at most this much and defers the rest, so no activation runs near the
+        SDK's 2 s deadlock limit however big the cluster), rolling updates, health
+        checks and placement version 2."""
+        options = self.st.opts.reconcile
+        update: dict[str, object] = {
+            "rollouts": True,
+            "health_checks": True,
+            "placement_version": 2,
+        }
+        if not options.max_work:
+            update.update(max_work=MAX_WORK, pending_units=PENDING_UNITS)
+        return options.model_copy(update=update)
+
+    def _plan(self, now: float) -> tuple[Plan, float]:
+        st = self.st
+        st.take_health(now)
         with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
             started = time.perf_counter()
         plan = reconcile(
@@ -240,20 +214,33 @@ class ClusterWorkflow(Presentation):
             bindings=st.bindings,
             pending=st.pending,
             failures=st.failures,
-            failed=failed,
+            failed=[w for w in st.failed if w in st.bindings],
             capacity_changed=st.capacity_changed,
             now=now,
-            options=options,
-            carry=carry,
+            options=self._options(),
+            carry=st.carry,
             rollouts=st.rollouts,
             since=st.since,
             promoted=st.promoted,
             health=st.health,
+            jobs_changed=st.jobs_changed,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started
+        return plan, elapsed
 
-        # persist what changed
+    async def _persist_pass(
+        self,
+        plan: Plan,
+        status_changed: list[str],
+        nodes_upsert: dict[str, Node],
+        nodes_remove: dict[str, None],
+        now: float,
+    ) -> bool:
+        """Persist what changed (the plan's delta, node changes, replicas whose status
+        changed, the published status) in one fenced activity. False: the state was
+        reloaded from the store instead (a stale fence)."""
+        st = self.st
         released = {w for w, _ in plan.released}
         placed = {b.workload_id for b in plan.placed}
         binds = list(plan.placed)
@@ -274,50 +261,53 @@ class ClusterWorkflow(Presentation):
             nodes_upsert=list(nodes_upsert.values()),
             nodes_remove=list(nodes_remove),
         )
-        published: tuple[str, c.Summary] | None = None
-        if workflow.patched(PATCH_PUBLISH):
-            published = self._publication(plan, now)
-            if published[0] != self.published:
-                persist = persist.model_copy(update={"status": status_json(published)})
-        if (
+        published = self._publication(plan, now)
+        if published[0] != self.published:
+            persist = persist.model_copy(update={"status": status_json(published)})
+        if not (
             persist.bind
             or persist.release
             or persist.nodes_upsert
             or persist.nodes_remove
             or persist.status is not None
         ):
-            st.pass_no += 1
-            if not await self._persist(persist, plan):
-                return  # state was reloaded from the store; plan again
-            if persist.status is not None and published is not None:
-                self.published = published[0]
-                # the summary for describe() (no store needed); small, never compressed
-                workflow.upsert_memo({c.MEMO_SUMMARY: published[1].model_dump(mode="json")})
+            return True
+        st.pass_no += 1
+        if not await self._persist(persist, plan):
+            return False
+        if persist.status is not None:
+            self.published = published[0]
+            # the summary for describe() (no store needed); small, never compressed
+            workflow.upsert_memo({c.MEMO_SUMMARY: published[1].model_dump(mode="json")})
+        return True
 
-        # commit
+    def _commit(
+        self, plan: Plan, status_changed: list[str], written: int, elapsed: float, now: float
+    ) -> dict[str, str]:
+        """Make the plan the loop's state. Returns the failed rollouts to revert."""
+        st = self.st
         st.state_sum = st.state_after(plan)
         st.bindings = plan.bindings
-        st.carry = plan.carry if bounded else None
+        st.carry = plan.carry
+        st.jobs_changed = {}
         st.pending = plan.pending
         st.deferred = plan.deferred
         st.failures = plan.failures
-        st.commit_rollouts(plan, status_changed, now, checks)
-        revert = plan.rollouts.revert if plan.rollouts is not None else {}
+        st.commit_rollouts(plan, status_changed, now, checks=True)
         st.failed = {}
         st.status_updates = {}
         st.capacity_changed = False
         self.queue.planned = written
         st.passes += 1
         # what a worker taking the run over replays: the passes' work
-        self.replay_cost += plan.work if bounded else plan.desired + len(plan.released)
+        self.replay_cost += plan.work
         st.last_pass_at = now
         st.last_pass = views.pass_text(st.passes, plan)
         if plan.deferred:
             self.dirty = True
         self._record(plan, elapsed)
         self._details()
-        if revert and workflow.patched(PATCH_ROLLOUTS_2):
-            await self._revert(revert)
+        return plan.rollouts.revert if plan.rollouts is not None else {}
 
     async def _revert(self, revert: dict[str, str]) -> None:
         """Failed rollouts with auto_revert: each group goes back to the spec of the

@@ -63,12 +63,15 @@ async def load_jobs(st: LoopState) -> None:
     """Job changes since ``st.jobs_revision`` (all of them from revision 0)."""
     # A full load (from revision 0) fills a fresh map and swaps it in at the
     # end, so the jobs never vanish from the handlers' view while pages arrive.
-    jobs = st.jobs if st.jobs_revision else {}
+    full = not st.jobs_revision
+    jobs = st.jobs if not full else {}
     while True:
         page = await acts.job_changes(
             ac.JobChangesIn(cluster=st.cluster, since=st.jobs_revision, limit=st.opts.job_page)
         )
         for ch in page.changes:
+            if not full:
+                st.job_changed(ch.job_id, ch.job)
             if ch.job is None:
                 jobs.pop(ch.job_id, None)
             else:
@@ -86,6 +89,11 @@ async def load_jobs(st: LoopState) -> None:
             break
     st.jobs = jobs
     st.known_revision = max(st.known_revision, st.jobs_revision)
+    if full:  # any job may differ: the next pass compares them all
+        st.jobs_changed = None
+        st.autoscaled = {
+            j.id: None for j in jobs.values() if any(g.autoscale is not None for g in j.groups)
+        }
 
 
 async def load_reports(st: LoopState) -> None:
@@ -120,7 +128,8 @@ async def autoscale(st: LoopState, queue: JobQueue, now: float) -> bool:
     """Evaluate the autoscaled groups that are due; a changed count is queued as a
     job write. True when one was."""
     due: list[tuple[Job, str]] = []
-    for job in sorted(st.jobs.values(), key=lambda j: j.id):
+    for job_id in sorted(st.autoscaled):
+        job = st.jobs[job_id]
         for g in job.groups:
             if g.autoscale is None:
                 continue
@@ -149,5 +158,6 @@ async def autoscale(st: LoopState, queue: JobQueue, now: float) -> bool:
             new_job = st.jobs[job.id].with_desired(gname, d.desired)
             queue.put(job.id, new_job)
             st.jobs[job.id] = new_job
+            st.job_changed(job.id, new_job)
             queued = True
     return queued

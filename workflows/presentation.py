@@ -9,7 +9,6 @@ from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeKey
 
 from workflows.handlers import Handlers
-from workflows.patches import PATCH_ROLLOUTS_2
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.reconcile import Plan
@@ -52,11 +51,7 @@ class Presentation(Handlers):
             notices=st.notices(),
             state_digest=f"{st.state_after(plan):016x}",
         )
-        if (
-            plan.rollouts is not None
-            and plan.rollouts.rollouts
-            and workflow.patched(PATCH_ROLLOUTS_2)
-        ):
+        if plan.rollouts is not None and plan.rollouts.rollouts:
             doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
         full = summary.model_copy(
             update={

@@ -72,6 +72,11 @@ class LoopState:
     # whose verdict the reports changed since the last pass
     health: dict[str, bool] = field(default_factory=dict)
     health_changed: dict[str, None] = field(default_factory=dict)
+    # the jobs whose object may have changed since the last pass (None: any may
+    # have, compare them all), so a pass never walks every job to find out
+    jobs_changed: dict[str, None] | None = None
+    # the jobs with an autoscaled group, kept with ``jobs`` (load_jobs)
+    autoscaled: dict[str, None] = field(default_factory=dict)
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -131,7 +136,8 @@ class LoopState:
         for e in self.pending.values():
             if e.kind != "deferred" and (wake is None or e.not_before < wake):
                 wake, why = e.not_before, f"{e.kind} expiry"
-        for job in self.jobs.values():
+        for job_id in sorted(self.autoscaled):
+            job = self.jobs[job_id]
             for g in job.groups:
                 if g.autoscale is None:
                     continue
@@ -150,6 +156,15 @@ class LoopState:
         if wake is None or resync < wake:
             return resync, "job resync"
         return wake, why
+
+    def job_changed(self, job_id: str, job: Job | None) -> None:
+        """Note a job put (or deleted: None) into ``jobs`` outside a load."""
+        if self.jobs_changed is not None:
+            self.jobs_changed[job_id] = None
+        if job is not None and any(g.autoscale is not None for g in job.groups):
+            self.autoscaled[job_id] = None
+        else:
+            self.autoscaled.pop(job_id, None)
 
     def apply(self, op: c.NodeOp, upsert: dict[str, Node], remove: dict[str, None]) -> None:
         """Apply a node operation, noting what the pass must persist."""

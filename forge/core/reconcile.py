@@ -32,7 +32,7 @@ carry in :mod:`forge.core.release`; all are importable from here.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from forge.core.models import (
     Constraint,
@@ -53,14 +53,21 @@ from forge.core.plan import (
     Plan,
     ReconcileOptions,
 )
-from forge.core.release import Carry, groups_of, release_all, release_changed
+from forge.core.queue import Queue, SortKey, sort_key
+from forge.core.release import (
+    Carry,
+    Groups,
+    groups_of,
+    release_all,
+    release_changed,
+    update_groups,
+)
 from forge.core.rolling import GroupRollout, plan_rollouts
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
-    "DEFAULT_MAX_WORK",
-    "MAX_WORK_V2",
-    "PENDING_UNITS_V2",
+    "MAX_WORK",
+    "PENDING_UNITS",
     "Algorithm",
     "Carry",
     "FailureHistory",
@@ -76,16 +83,13 @@ __all__ = [
 DEFAULT_OPTIONS = ReconcileOptions()
 #: Work units one binding costs the release phase (a node check costs one).
 RELEASE_UNITS = 2
-#: The budget the cluster workflow gave a pass before the work-budget-2 patch (then
-#: about 0.3 s of planning on a slow core; with placement version 2 and rollouts,
-#: ~1 s: a unit costs ~1.3 us on this machine's cores, measured by bench/e2e.py).
-DEFAULT_MAX_WORK = 800_000
-#: The budget after the work-budget-2 patch: ~0.4 s of planning on an idle core,
-#: leaving room under Temporal's 2 s activation limit on a loaded machine.
-MAX_WORK_V2 = 300_000
-#: What a replica tried and left pending costs after work-budget-2 (measured: about
-#: eight node checks' time), so a pass retrying 30,000 unplaceable replicas defers.
-PENDING_UNITS_V2 = 8
+#: The work budget the cluster workflow gives a pass: ~0.4 s of planning on an idle
+#: core (a unit costs ~1.3 us: a node checked or scored), leaving room under
+#: Temporal's 2 s activation limit on a loaded machine.
+MAX_WORK = 300_000
+#: What a replica tried and left pending costs in that budget (measured: about eight
+#: node checks' time), so a pass retrying 30,000 unplaceable replicas defers.
+PENDING_UNITS = 8
 
 
 def backoff_delay(attempts: int, options: ReconcileOptions) -> float:
@@ -127,17 +131,25 @@ def reconcile(
     since: Mapping[str, float] = {},
     promoted: Mapping[str, None] = {},
     health: Mapping[str, bool] = {},
+    jobs_changed: Collection[str] | None = None,
 ) -> Plan:
     """Plan one pass. Inputs are not mutated (except ``carry``, which the pass
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
     the carry's are the current ones). Mapping iteration orders must be
-    deterministic (the workflow builds its dicts deterministically)."""
+    deterministic (the workflow builds its dicts deterministically).
+    ``jobs_changed`` (with a carry): the ids of the jobs that may differ from the
+    carry's pass; every other job must be the same object (None: compare all)."""
     # With a carry, what did not change since its pass is reused: the group index
-    # and the placement order are rebuilt only when a job changed (a steady pass
-    # over 50,000 jobs then costs what it places, not a sort of every job).
-    changed_jobs = carry.changed_jobs(jobs) if carry is not None else []
-    if carry is not None and not changed_jobs and (carry.groups or not jobs):
+    # and the placement queue are updated for the jobs that changed only (a steady
+    # pass over 50,000 jobs then costs what it places, not a walk over every job).
+    changed_jobs = carry.changed_jobs(jobs, jobs_changed) if carry is not None else []
+    if carry is not None and (carry.groups or not jobs):
         groups = carry.groups
+        if changed_jobs:
+            if options.algorithm in ("fgd", "fgd2"):  # it reads the index's order
+                groups = groups_of(jobs)
+            else:
+                update_groups(groups, changed_jobs, carry.jobs, jobs)
     else:
         groups = groups_of(jobs)
     failed_set = set(failed)
@@ -161,7 +173,7 @@ def reconcile(
         cluster = Cluster(list(nodes.values()), gpu_reserve=options.effective_gpu_reserve)
         plan = Plan(bindings={})
         checked = len(bindings)
-        bound_per_group = release_all(
+        bound_per_group: _Bound | dict[tuple[str, str], int] = release_all(
             plan, bindings, groups, cluster, failed_set, node_ok, release, options.rollouts
         )
     else:
@@ -173,7 +185,7 @@ def reconcile(
         checked = release_changed(
             carry, jobs, nodes, groups, changed_jobs, failed_set, node_ok, release, options.rollouts
         )
-        bound_per_group = {k: len(v) for k, v in carry.by_group.items() if v}
+        bound_per_group = _Bound(carry.by_group)
 
     # 1b. rolling updates: old versions replaced in waves (forge.core.rolling) -------
     if options.rollouts:
@@ -187,7 +199,7 @@ def reconcile(
             only = set(carry.roll_check)
             only.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
         else:
-            only = {k for k, n in bound_per_group.items() if n}
+            only = {k for k, n in bound_per_group.items() if n}  # every bound group
         plan.rollouts = plan_rollouts(
             groups=groups,
             bindings=plan.bindings,
@@ -203,10 +215,11 @@ def reconcile(
             b = plan.bindings[wid]
             cluster.by_id[b.node].unhold(b)
             if carry is not None:
-                carry.drop(wid, b)
+                carry.drop(wid, b)  # (the group's bound count with it)
             else:
                 del plan.bindings[wid]
-            bound_per_group[(b.job, b.group)] -= 1
+                assert isinstance(bound_per_group, dict)
+                bound_per_group[(b.job, b.group)] -= 1
             release(wid, b, "rollout")
 
     capacity_freed = capacity_changed or bool(plan.released)
@@ -224,17 +237,20 @@ def reconcile(
     )
 
     # 2. place, in priority order ----------------------------------------------------
-    if carry is not None and not changed_jobs and carry.order is not None:
-        version, ordered, last_asking = carry.order
-        if version != options.placement_version:
-            ordered, last_asking = _order(jobs, groups, options.placement_version)
-    else:
-        ordered, last_asking = _order(jobs, groups, options.placement_version)
+    version = options.placement_version
+    queue = carry.queue if carry is not None else None
+    if queue is None or queue.version != version:
+        queue = Queue.build(jobs, version)
+    elif changed_jobs:
+        queue.update(changed_jobs, carry.jobs if carry is not None else {}, jobs)
+    plan.desired = queue.desired
+    visit = _to_visit(groups, queue, changed_jobs, jobs, plan.dropped, bound_per_group, version)
+    last_asking = queue.last_asking()
     # The reservation keeps GPU nodes for GPU work that is waiting. Once the last
     # job asking GPUs has had its turn and no GPU replica is left unbound, there
     # is none: the rest of the pass may use all the cpu and memory (else a tight
     # cluster whose GPUs are not all wanted would leave work pending for nothing).
-    last_gpu_job = last_asking if placer.reserving else -1
+    lift_checked = not placer.reserving  # the boundary is checked once, as a walk would
     gpu_waiting = False  # a GPU replica of this pass that some node could take is unbound
 
     # per class and pass: a pending class's answers do not change within the pass
@@ -275,75 +291,74 @@ def reconcile(
     visited = 0
     stopped = False
     deferred_groups: list[tuple[str, str, int]] = []  # (job, group, replicas left unbound)
-    for position, job in enumerate(ordered):
-        if position == last_gpu_job + 1 and placer.reserving and not gpu_waiting:
-            placer.lift_reservation()
-        for g in job.groups:
-            req = groups[(job.id, g.name)][2]
-            constraints = g.constraints
-            plan.desired += g.scaling.desired
-            bound = bound_per_group.get((job.id, g.name), 0)
-            if bound == g.scaling.desired:
-                continue  # all bound: nothing to place, nothing pending
-            if stopped:
-                deferred_groups.append((job.id, g.name, g.scaling.desired - bound))
+    for order, key in visit:
+        if not lift_checked and (last_asking is None or order > last_asking):
+            # past the last job asking GPUs (a walk over every job checks there once)
+            lift_checked = True
+            if placer.reserving and not gpu_waiting:
+                placer.lift_reservation()
+        job, g, req = groups[key]
+        constraints = g.constraints
+        bound = bound_per_group.get(key, 0)
+        if stopped:
+            deferred_groups.append((job.id, g.name, g.scaling.desired - bound))
+            continue
+        waiting = 0
+        for ordinal in range(g.scaling.desired):
+            wid = workload_id(job.id, g.name, ordinal)
+            if wid in plan.bindings:
                 continue
-            waiting = 0
-            for ordinal in range(g.scaling.desired):
-                wid = workload_id(job.id, g.name, ordinal)
-                if wid in plan.bindings:
-                    continue
-                visited += 1
-                prev = pending.get(wid)
-                hist = new_failures.get(wid)
-                wait = _waiting(prev, hist, g.reschedule, wid in just_failed, now, capacity_freed)
-                if wait is not None:
-                    plan.pending[wid] = wait
-                    waiting += 1
-                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
-                    continue
-                if budget and (
-                    placed_count >= options.max_placements or placer.work + visited >= budget
-                ):
-                    stopped = True
-                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
-                    # this group's replicas from here on; those before are settled
-                    deferred_groups.append((job.id, g.name, g.scaling.desired - bound - waiting))
-                    break
-                if placed_count >= options.max_placements:
-                    plan.deferred += 1
-                    plan.pending[wid] = deferred  # one shared instance: 100k of them are cheap
-                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
-                    continue
-                avoid = hist.last_node if hist else None
-                choice = placer.place(req, constraints, avoid=avoid)
-                if choice is None:
-                    if not req.gpu and placer.reserving:
-                        held_back.append((wid, job, g, ordinal, req))
-                    attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-                    diagnosis = placer.why_not(req, constraints)
-                    said = texts.get(id(diagnosis))
-                    if said is None:  # (the diagnosis is kept with its text: alive)
-                        said = texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
-                    why = said[1]
-                    shared = backoff_entries.get((attempts, why))
-                    if shared is None:
-                        shared = backoff_entries[(attempts, why)] = PendingEntry(
-                            kind="backoff",
-                            attempts=attempts,
-                            not_before=now + backoff_delay(attempts, options),
-                            reasons=(why,),
-                        )
-                    plan.pending[wid] = shared
-                    waiting += 1
-                    visited += options.pending_units - 1  # (one was counted above)
-                    gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
-                    continue
-                b = _binding(job, g, ordinal, choice, req, options)
-                plan.bindings[wid] = b
-                plan.placed.append(b)
-                placed_count += 1
-                bound += 1
+            visited += 1
+            prev = pending.get(wid)
+            hist = new_failures.get(wid)
+            wait = _waiting(prev, hist, g.reschedule, wid in just_failed, now, capacity_freed)
+            if wait is not None:
+                plan.pending[wid] = wait
+                waiting += 1
+                gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
+                continue
+            if budget and (
+                placed_count >= options.max_placements or placer.work + visited >= budget
+            ):
+                stopped = True
+                gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
+                # this group's replicas from here on; those before are settled
+                deferred_groups.append((job.id, g.name, g.scaling.desired - bound - waiting))
+                break
+            if placed_count >= options.max_placements:
+                plan.deferred += 1
+                plan.pending[wid] = deferred  # one shared instance: 100k of them are cheap
+                gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
+                continue
+            avoid = hist.last_node if hist else None
+            choice = placer.place(req, constraints, avoid=avoid)
+            if choice is None:
+                if not req.gpu and placer.reserving:
+                    held_back.append((wid, job, g, ordinal, req))
+                attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
+                diagnosis = placer.why_not(req, constraints)
+                said = texts.get(id(diagnosis))
+                if said is None:  # (the diagnosis is kept with its text: alive)
+                    said = texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
+                why = said[1]
+                shared = backoff_entries.get((attempts, why))
+                if shared is None:
+                    shared = backoff_entries[(attempts, why)] = PendingEntry(
+                        kind="backoff",
+                        attempts=attempts,
+                        not_before=now + backoff_delay(attempts, options),
+                        reasons=(why,),
+                    )
+                plan.pending[wid] = shared
+                waiting += 1
+                visited += options.pending_units - 1  # (one was counted above)
+                gpu_waiting = gpu_waiting or waits_for_gpu(req, constraints)
+                continue
+            b = _binding(job, g, ordinal, choice, req, options)
+            plan.bindings[wid] = b
+            plan.placed.append(b)
+            placed_count += 1
+            bound += 1
     if held_back and placer.reserving and not gpu_waiting:
         placer.lift_reservation()  # the last job was one asking GPUs, and all are bound
     # GPU placements after a refusal may also have freed reservation (the placer
@@ -386,13 +401,18 @@ def reconcile(
     cluster.reserve_gpus(options.effective_gpu_reserve)
     if carry is None:
         carry = Carry.build(jobs, nodes, cluster, plan.bindings)
+        queue.incomplete = _incomplete(groups, carry.by_group, groups)
     else:
         for b in plan.placed:
             carry.add(b.workload_id, b)
-        carry.jobs = dict(jobs)
+        if jobs_changed is None:
+            carry.jobs = dict(jobs)
+        else:
+            carry.take_jobs(jobs, changed_jobs)
         carry.nodes = dict(nodes)
+        queue.incomplete = _incomplete((k for _, k in visit), carry.by_group, groups)
     carry.groups = groups
-    carry.order = (options.placement_version, ordered, last_asking)
+    carry.queue = queue
     if plan.rollouts is not None:
         # every group was looked at, or those that could have changed: from here
         # on only those (and the groups left with unstamped bindings) need be
@@ -404,22 +424,68 @@ def reconcile(
     return plan
 
 
-def _order(
-    jobs: Mapping[str, Job],
-    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
-    version: int,
-) -> tuple[list[Job], int]:
-    """The jobs in placement order, and the position of the last that asks GPUs."""
+class _Bound:
+    """A carried pass's bound count per group, read from the carry's index (which
+    the release phase and rollout stops keep current) instead of copied whole."""
 
-    asks = {j.id: any(groups[(j.id, g.name)][2].gpu for g in j.groups) for j in jobs.values()}
-    if version >= 2:
-        # within one priority, jobs that ask GPUs first: they can only use GPU
-        # nodes, and work without GPUs then fills what they leave there (beyond
-        # the reservation of the GPUs still free) before it opens another node
-        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, not asks[j.id], j.id))
+    __slots__ = ("by_group",)
+
+    def __init__(self, by_group: Mapping[tuple[str, str], Mapping[str, None]]) -> None:
+        self.by_group = by_group
+
+    def get(self, key: tuple[str, str], default: int = 0) -> int:
+        held = self.by_group.get(key)
+        return len(held) if held else default
+
+    def items(self) -> Iterable[tuple[tuple[str, str], int]]:
+        return ((k, len(v)) for k, v in self.by_group.items())
+
+
+def _to_visit(
+    groups: Groups,
+    queue: Queue,
+    changed_jobs: list[str],
+    jobs: Mapping[str, Job],
+    dropped: list[Binding],
+    bound: _Bound | dict[tuple[str, str], int],
+    version: int,
+) -> list[tuple[SortKey, tuple[str, str]]]:
+    """The groups this pass may place into, in placement order (job sort key, then
+    the group's place in its job): those left incomplete by the last pass, those of
+    changed jobs and those that lost a binding now, less the ones fully bound. A
+    walk over every job in order would place into exactly these, in this order."""
+    if queue.incomplete is None:
+        keys: set[tuple[str, str]] = set(groups)
     else:
-        ordered = sorted(jobs.values(), key=lambda j: (-j.priority, j.id))
-    return ordered, max((i for i, j in enumerate(ordered) if asks[j.id]), default=-1)
+        keys = set(queue.incomplete)
+        keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
+        keys.update((b.job, b.group) for b in dropped)
+    out = []
+    for key in keys:
+        entry = groups.get(key)
+        if entry is None:
+            continue
+        job, g, _ = entry
+        if bound.get(key, 0) >= g.scaling.desired:
+            continue
+        names = [x.name for x in job.groups]
+        out.append((sort_key(job, version), names.index(g.name), key))
+    out.sort()
+    return [(order, key) for order, _, key in out]
+
+
+def _incomplete(
+    keys: Iterable[tuple[str, str]],
+    by_group: Mapping[tuple[str, str], Mapping[str, None]],
+    groups: Groups,
+) -> set[tuple[str, str]]:
+    """The groups among ``keys`` with fewer bindings than replicas desired."""
+    out = set()
+    for key in keys:
+        entry = groups.get(key)
+        if entry is not None and len(by_group.get(key) or ()) < entry[1].scaling.desired:
+            out.add(key)
+    return out
 
 
 def _defer_groups(

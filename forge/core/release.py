@@ -8,14 +8,23 @@ the kept ones are held in the pass's :class:`Cluster`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from forge.core.models import AssignmentStatus, Job, Node, NodeState, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, NodeAlloc
 from forge.core.plan import Plan
+from forge.core.queue import Queue
 
-__all__ = ["Carry", "Groups", "Release", "groups_of", "release_all", "release_changed"]
+__all__ = [
+    "Carry",
+    "Groups",
+    "Release",
+    "groups_of",
+    "release_all",
+    "release_changed",
+    "update_groups",
+]
 
 
 @dataclass(slots=True)
@@ -44,9 +53,9 @@ class Carry:
     #: the groups of ``jobs`` (groups_of), reused by a pass whose jobs are these
     groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
     rolling: bool = False  # loaded bindings of a changed spec are kept for the rollout
-    #: the jobs in placement order (and the last asking GPUs) for ``jobs``, per
-    #: placement version: a pass whose jobs did not change sorts nothing
-    order: tuple[int, list[Job], int] | None = None
+    #: which groups the next pass looks at, and the order's GPU boundary
+    #: (forge.core.queue), kept up to date with ``jobs``; None: built by the next pass
+    queue: Queue | None = None
     #: rolling updates: every binding's version has been compared with its group's
     #: (a pass looked at all groups, or loading did), so a pass need look only at
     #: ``roll_check``, the groups of changed jobs and the groups rolling now
@@ -105,10 +114,47 @@ class Carry:
         self.by_node[b.node].pop(wid, None)
         self.by_group[(b.job, b.group)].pop(wid, None)
 
-    def changed_jobs(self, jobs: Mapping[str, Job]) -> list[str]:
-        """Ids of the jobs added, stopped or replaced since the carry's pass, sorted."""
+    def changed_jobs(
+        self, jobs: Mapping[str, Job], hint: Collection[str] | None = None
+    ) -> list[str]:
+        """Ids of the jobs added, stopped or replaced since the carry's pass, sorted.
+        ``hint``: the ids that may have changed (the caller knows what it loaded);
+        every other job must be the object the carry's pass planned with. Without
+        it, every job is compared."""
         old = self.jobs
-        return sorted(j for j in jobs.keys() | old.keys() if jobs.get(j) is not old.get(j))
+        ids: Iterable[str] = jobs.keys() | old.keys() if hint is None else set(hint)
+        return sorted(j for j in ids if jobs.get(j) is not old.get(j))
+
+    def take_jobs(self, jobs: Mapping[str, Job], changed: list[str]) -> None:
+        """Bring ``self.jobs`` to ``jobs``, which differ only in ``changed``."""
+        mine = self.jobs
+        for job_id in changed:
+            job = jobs.get(job_id)
+            if job is None:
+                mine.pop(job_id, None)
+            else:
+                mine[job_id] = job
+
+
+def update_groups(
+    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]],
+    changed: list[str],
+    old: Mapping[str, Job],
+    new: Mapping[str, Job],
+) -> None:
+    """Bring a group index (:func:`groups_of`) from ``old`` to ``new`` jobs, which
+    differ only in ``changed``, in place. A job whose group names stay keeps its
+    entries' places; the others' entries go last (only fgd reads the index's order,
+    and it rebuilds it instead)."""
+    for job_id in changed:
+        before, after = old.get(job_id), new.get(job_id)
+        names = [g.name for g in before.groups] if before is not None else []
+        if after is None or names != [g.name for g in after.groups]:
+            for name in names:
+                groups.pop((job_id, name), None)
+        if after is not None:
+            for g in after.groups:
+                groups[(job_id, g.name)] = (after, g, g.request())
 
 
 def groups_of(jobs: Mapping[str, Job]) -> dict[tuple[str, str], tuple[Job, TaskGroup, Request]]:

@@ -1,13 +1,20 @@
 """Static eligibility: which nodes pass the rules that cannot change within a pass
 (node state, labels, taints, GPU count, model and memory), shared by every
-equivalence class with the same rules, and why the others are out."""
+equivalence class with the same rules, and why the others are out.
+
+None of it depends on what the nodes hold, so a carried cluster keeps it across
+passes (``Cluster.static``, dropped when a node changes): a pass over a steady
+cluster builds no static list and sweeps no node to say why a class found none.
+Building it is counted in ``work`` only when it is built.
+"""
 
 from __future__ import annotations
 
-from forge.core.models import Constraint, Request, tolerated
+import random
+
+from forge.core.models import Constraint, NodeState, Request, tolerated
 from forge.core.placement.classes import static_key
 from forge.core.placement.diagnosis import Rejection, Rule
-from forge.core.placement.filters import STATIC_FILTERS, explain_node
 from forge.core.placement.state import Cluster, NodeAlloc
 
 __all__ = ["COPY_PER_UNIT", "Eligibility"]
@@ -16,17 +23,38 @@ __all__ = ["COPY_PER_UNIT", "Eligibility"]
 #: loop) costs about this many nodes per unit.
 COPY_PER_UNIT = 16
 _TOO_FEW_GPUS = Rejection(Rule.GPU)
+_GPU_MODEL = Rejection(Rule.GPU_MODEL)
+_GPU_MEMORY = Rejection(Rule.GPU_MEMORY)
 
 
 class Eligibility:
     """The statically eligible nodes per set of static rules, in the pass's seeded
     order. ``work`` counts what building them cost (for the placer's budget)."""
 
+    @classmethod
+    def of(cls, cluster: Cluster, *, seed: int, gpu_first: bool) -> Eligibility:
+        """The cluster's eligibility for this seed and ordering, kept in the cluster
+        (``Cluster.static``) so the passes of a carried cluster share it. The node
+        order is the seeded shuffle of the cluster's nodes (Nomad seeds its shuffle
+        from the evaluation id: reproducible, yet free of id-order bias)."""
+        key = ("eligibility", seed, gpu_first)
+        found = cluster.static.get(key)
+        if isinstance(found, cls):
+            found.kept = True
+            return found
+        order = list(cluster.nodes)
+        random.Random(seed).shuffle(order)
+        made = cls(cluster, order, gpu_first=gpu_first)
+        made.work = len(order) // COPY_PER_UNIT  # the order's copy
+        cluster.static[key] = made
+        return made
+
     def __init__(self, cluster: Cluster, order: list[NodeAlloc], *, gpu_first: bool) -> None:
         self.cluster = cluster
         self.order = order
         self.gpu_first = gpu_first
         self.work = 0
+        self.kept = False  # handed to a later pass (its work so far was charged before)
         self._static: dict[tuple[object, ...], list[NodeAlloc]] = {}
         self._static_ids: dict[tuple[object, ...], set[int]] = {}
         self._static_why: dict[tuple[object, ...], dict[Rejection, int]] = {}
@@ -80,7 +108,8 @@ class Eligibility:
 
     def reasons(self, req: Request, constraints: tuple[Constraint, ...]) -> dict[Rejection, int]:
         """Why the nodes outside a class's static list are out, counted once per
-        pass per set of static rules (only when a class of that set runs out)."""
+        set of static rules while the nodes stay the same (only when a class of
+        that set runs out)."""
         skey = static_key(req, constraints)
         counts = self._static_why.get(skey)
         if counts is not None:
@@ -95,18 +124,12 @@ class Eligibility:
                 counts[_TOO_FEW_GPUS] = short
             self._static_why[skey] = counts
             return counts
-        eligible = {id(n) for n in self._static.get(skey, ())}
-        counts = {}
-        cluster = self.cluster
-        for n in cluster.nodes:
-            if id(n) not in eligible:
-                # static rules first; a node with too few devices fails the count rule.
-                # The verdict is counted whole (a taint's detail included), as the
-                # texts recorded histories hold were made
-                why = explain_node(n, req, constraints, STATIC_FILTERS)
-                cause = _TOO_FEW_GPUS if why is None else why
-                counts[cause] = counts.get(cause, 0) + 1
-        self.work += len(cluster) + 4 * (len(cluster) - len(eligible))
+        if skey not in self._static:
+            self.nodes(req, constraints)
+        eligible = {id(n) for n in self._static[skey]}
+        counts = _static_reasons(self.cluster.nodes, eligible, req, constraints, self._tainted)
+        # one cheap check per node outside the list, once per rule set and node set
+        self.work += len(self.cluster) + (len(self.cluster) - len(eligible))
         self._static_why[skey] = counts
         return counts
 
@@ -124,3 +147,51 @@ class Eligibility:
             self._tallies = (states, gpus)
             self.work += len(self.cluster.nodes)
         return self._tallies
+
+
+def _static_reasons(
+    nodes: list[NodeAlloc],
+    eligible: set[int],
+    req: Request,
+    constraints: tuple[Constraint, ...],
+    tainted: bool,
+) -> dict[Rejection, int]:
+    """Each node outside ``eligible`` (ids) counted under the first static rule that
+    rejects it, in node order: what ``filters.explain_node`` with the static filters
+    says (state, constraint, taint, GPU model, GPU memory; else too few devices),
+    written out so a sweep costs a few attribute reads per node, not a filter chain
+    and a verdict object each (tests/core/placement/test_eligible.py holds them equal)."""
+    counts: dict[Rejection, int] = {}
+    states: dict[str, Rejection] = {}
+    models = req.gpu_models if req.gpu else ()
+    memory = req.gpu_memory if req.gpu else 0
+    need = req.gpu
+    tols = req.tolerations
+    for n in nodes:
+        if id(n) in eligible:
+            continue
+        node = n.node
+        why: Rejection | None = None
+        if node.state is not NodeState.READY:
+            value = str(node.state.value)
+            why = states.get(value)
+            if why is None:
+                why = states[value] = Rejection(Rule.STATE, state=value)
+        else:
+            for c in constraints:
+                if not c.matches(node.labels):
+                    why = Rejection(Rule.CONSTRAINT, constraint=c)
+                    break
+            if why is None and tainted and node.taints:
+                taint = tolerated(node.taints, tols)
+                if taint is not None:
+                    why = Rejection(Rule.TAINT, taint=taint)
+            if why is None:
+                if models and sum(1 for g in node.gpus if g.model in models) < need:
+                    why = _GPU_MODEL
+                elif memory and len(n.matching_gpus(req, free_only=False)) < need:
+                    why = _GPU_MEMORY
+                else:
+                    why = _TOO_FEW_GPUS
+        counts[why] = counts.get(why, 0) + 1
+    return counts

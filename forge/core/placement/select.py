@@ -37,7 +37,6 @@ GPU-less work re-admits them before its next search, so completeness holds.
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -150,10 +149,11 @@ class Placer:
         # nodes where a GPU placement gave GPU-less work more room (module docstring)
         self._revived: list[NodeAlloc] = []
         self._reserving = any(n.reserve for n in cluster.nodes)
-        order = list(cluster.nodes)
-        random.Random(seed).shuffle(order)
-        self._order = order
-        self._eligibility = Eligibility(cluster, order, gpu_first=version >= 2)
+        # the seeded node order and the static lists, shared with the cluster's
+        # earlier passes while its nodes stay the same (charged only when built)
+        self._eligibility = Eligibility.of(cluster, seed=seed, gpu_first=version >= 2)
+        # what earlier passes were charged for it (a new one's order copy is ours)
+        self._static_work = self._eligibility.work if self._eligibility.kept else 0
         self._classes: dict[tuple[Request, tuple[Constraint, ...]], _Class] = {}
         # the reconcile pass places a group's replicas one after another with the
         # same request object: remember the last class (hashing a pydantic model
@@ -164,7 +164,7 @@ class Placer:
         self._peers: dict[tuple[object, ...], dict[int, _Peer]] = {}
         self._groups: dict[int, _Group] = {}  # by id(class): its peers and its entry there
         self.scored = 0  # how many node scores were computed (for benchmarks)
-        self._work = len(order) // COPY_PER_UNIT
+        self._work = 0
 
     # -- public -------------------------------------------------------------------
     def place(
@@ -234,6 +234,11 @@ class Placer:
         return Choice(best, gpu_ids, best_score)
 
     @property
+    def order(self) -> list[NodeAlloc]:
+        """The pass's seeded node order (what the scan walks)."""
+        return self._eligibility.order
+
+    @property
     def reserving(self) -> bool:
         """Whether free GPUs still reserve cpu and memory in this pass."""
         return self._reserving
@@ -275,7 +280,7 @@ class Placer:
     def work(self) -> int:
         """Deterministic work done so far (node checks and scores): what a caller
         budgets a pass by, since wall time differs between a run and its replay."""
-        return self._work + self._eligibility.work
+        return self._work + self._eligibility.work - self._static_work
 
     # -- internals ----------------------------------------------------------------
     def _class(self, req: Request, constraints: tuple[Constraint, ...]) -> _Class:

@@ -260,7 +260,7 @@ class Cluster:
     memory each free GPU keeps from work that asks no GPU (module docstring).
     """
 
-    __slots__ = ("by_id", "gpu_reserve", "lifted", "nodes")
+    __slots__ = ("by_id", "gpu_reserve", "lifted", "nodes", "static")
 
     def __init__(self, nodes: list[Node], *, gpu_reserve: int = 0) -> None:
         if not 0 <= gpu_reserve <= 1000:
@@ -274,6 +274,11 @@ class Cluster:
         for i, n in enumerate(ordered):
             self.nodes.append(self._alloc(n, i))
         self.by_id = {a.id: a for a in self.nodes}
+        #: What depends only on the nodes, never on what they hold (a placer's
+        #: shuffled order, the statically eligible nodes per rule set and why the
+        #: others are out), kept across the passes of a carried cluster and
+        #: dropped whenever a node changes (:meth:`refresh`). Owned by the placer.
+        self.static: dict[object, object] = {}
 
     def _alloc(self, n: Node, index: int) -> NodeAlloc:
         ngpu = len(n.gpus)
@@ -323,6 +328,7 @@ class Cluster:
         self.nodes = [self.by_id[k] for k in sorted(self.by_id)]
         for i, a in enumerate(self.nodes):
             a.index = i
+        self.static = {}
 
     def __len__(self) -> int:
         return len(self.nodes)

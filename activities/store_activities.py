@@ -219,9 +219,13 @@ class StoreActivities:
     @activity.defn(name=ACT_WATCH)
     def watch(self, req: WatchIn) -> WatchOut:
         """Long-poll the store like a Kubernetes watch: return as soon as jobs
-        changed, task reports arrived or a node's heartbeat expired, or after
-        ``max_seconds``. Polling happens here, outside history, so an idle
-        cluster costs one activity per ``max_seconds`` instead of one per poll."""
+        changed, a task report that changes a decision arrived (a replica started,
+        failed, exited, changed its health verdict: the store numbers only those,
+        ``forge.stores.base.next_state``) or a node's heartbeat expired, or after
+        ``max_seconds``. Usage samples and heartbeats never end it: the metrics
+        activity reads usage from the store when autoscaling is due. Polling
+        happens here, outside history, so a steady cluster costs one activity per
+        ``max_seconds`` instead of one per poll or per sample."""
         deadline = time.monotonic() + req.max_seconds
         while True:
             rev = self.store.revision(req.cluster)

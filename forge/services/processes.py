@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -145,7 +146,9 @@ async def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | Non
 
 
 async def stop_child(child: Child) -> None:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT."""
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT, to its whole process group (each
+    child leads a session of its own, see :func:`spawn`): whatever it started dies
+    with it."""
     if child.proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -153,6 +156,10 @@ async def stop_child(child: Child) -> None:
     try:
         await asyncio.wait_for(child.proc.wait(), STOP_TIMEOUT)
     except TimeoutError:
+        pid = child.proc.pid  # not reaped yet: neither it nor its group id is reused
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid != os.getpgrp():
+                os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             child.proc.kill()
         await child.proc.wait()

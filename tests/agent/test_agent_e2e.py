@@ -44,7 +44,7 @@ from forge.core.rollout import UpdatePolicy
 from forge.stores import SqliteStore
 from forge.wire import contract as c
 from tests.agent.helpers import alive, kill_tasks, task_environs, task_processes
-from tests.e2e.procs import ROOT, WorkerProc, eventually
+from tests.e2e.procs import ROOT, WorkerProc, eventually, start_process, stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -70,28 +70,30 @@ class Cluster:
     env: dict[str, str]
     worker: WorkerProc
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    workers_started: int = 1
+    #: every worker started, the current one last: the fixture stops them all
+    workers: list[WorkerProc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workers.append(self.worker)
 
     def new_worker(self) -> None:
         """Start another ``worker.py`` on the cluster's task queue (after a kill)."""
-        self.workers_started += 1
         self.worker = WorkerProc(
             self.env["FORGE_TEMPORAL_ADDRESS"],
             self.env["FORGE_TASK_QUEUE"],
             self.env["FORGE_STORE"],
-            self.tmp / f"worker-{self.workers_started}.log",
+            self.tmp / f"worker-{len(self.workers) + 1}.log",
         )
+        self.workers.append(self.worker)
 
     def start_agent(self, node: str) -> None:
-        log = (self.tmp / f"agent-{node}.log").open("ab")
-        self.agents[node] = subprocess.Popen(
+        self.agents[node] = start_process(
             [sys.executable, "-m", "forge", "agent", "--node-id", node,
              "--cpu", str(AGENT_CPU), "--memory", "4096",
              "--data-dir", str(self.tmp / f"agent-{node}"),
              "--poll", "0.2", "--heartbeat-every", "0.5", "--usage-every", "1"],
-            cwd=ROOT, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            self.tmp / f"agent-{node}.log", cwd=ROOT, env={**os.environ, **self.env},
         )  # fmt: skip
-        log.close()
 
     def bindings(self, job: str) -> list[Assignment]:
         return [a for a in self.store.assignments(CLUSTER, limit=100_000) if a.job == job]
@@ -216,18 +218,16 @@ async def cluster(dev_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Asy
         await eventually(fc.status, lambda s: len(s.nodes) == 3, what="3 agents registered")
         yield cl
     finally:
-        for p in cl.agents.values():
+        for p in cl.agents.values():  # all at once, then each waited for
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in cl.agents.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, timeout=20)
         # the agents leave their tasks running by design (for adoption): end them
         kill_tasks(task_processes({"FORGE_CLUSTER": CLUSTER}))
-        worker.stop()
+        # every worker, not just the first: a test kills one and starts another
+        for w in cl.workers:
+            w.stop()
         store.close()
 
 

@@ -26,8 +26,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, core, settings
 
-pytest_plugins = ["tests.leaks"]
-
 BIN = Path(sys.executable).parent
 
 # -- Hypothesis --------------------------------------------------------------------
@@ -64,6 +62,11 @@ def _current() -> settings:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # the leak check (not in the copies of this file tests/test_suite_rules.py runs)
+    if (Path(__file__).parent / "leaks.py").exists():
+        from tests import leaks
+
+        config.pluginmanager.register(leaks, "forge-leaks")
     # Hypothesis' own plugin applies --hypothesis-seed; a dev session without one
     # gets a random seed (or FORGE_HYPOTHESIS_SEED) that the header prints.
     explicit = config.getoption("hypothesis_seed", default=None)

@@ -1,4 +1,4 @@
-"""No process outlives the test run (a pytest plugin, loaded by ``tests/conftest.py``).
+"""No process outlives the test run (a pytest plugin, registered by ``tests/conftest.py``).
 
 Every process the suite starts (``worker.py``, ``temporal server start-dev``, the
 time-skipping test server, ``forge dev`` and ``forge agent``, task processes,
@@ -52,10 +52,12 @@ def _is_controller(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    inherited = os.environ.get(LEAK_MARK)
+    if any(t.split("-")[0] == str(os.getpid()) for t in (inherited or "").split(":")):
+        return  # a session inside a session of this process (pytester): the outer checks
     token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     config.stash[_TOKEN] = token
     config.stash[_SEEN] = {}
-    inherited = os.environ.get(LEAK_MARK)
     os.environ[LEAK_MARK] = f"{inherited}:{token}" if inherited else token
 
 
@@ -78,7 +80,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
     try:
         return (yield)
     finally:
-        _record_descendants(item.config.stash[_SEEN])
+        if _SEEN in item.config.stash:
+            _record_descendants(item.config.stash[_SEEN])
 
 
 def marked(token: str) -> list[psutil.Process]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
@@ -10,9 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from forge.cli import output
 from forge.cli.params import NAME, Checked, cluster_option, replicas, store_option, temporal_options
-from forge.cli.plan import replica_count
 from forge.cli.remote import (
     open_existing_store,
     print_json,
@@ -29,12 +28,8 @@ if TYPE_CHECKING:
     from forge.stores.base import GroupVersion
     from forge.wire.contract import JobResult, RolloutView
 
-__all__ = ["COMMANDS", "MANY_JOBS", "SUBMIT_SLICE", "job"]
+__all__ = ["COMMANDS", "MANY_JOBS", "job"]
 
-#: ``job run`` hands the client this many jobs at a time (it batches them into
-#: updates and keeps those within the server's in-flight limit); between slices a
-#: terminal shows progress.
-SUBMIT_SLICE = 1000
 #: Above this many jobs, ``job run`` prints a summary instead of a line per job.
 MANY_JOBS = 20
 _PAGE = 5000
@@ -49,16 +44,19 @@ def job() -> None:
 @click.argument("file", metavar="FILE")
 def validate(file: str) -> int:
     jobs = load_jobs(file)
-    print(f"ok: {len(jobs)} jobs ({replica_count(jobs)} replicas)")
+    replicas = sum(g.scaling.desired for j in jobs for g in j.groups)  # no forge.cli.plan:
+    print(f"ok: {len(jobs)} jobs ({replicas} replicas)")  # it loads the whole planner
     return 0
 
 
 @job.command(
     short_help="submit the jobs of a file (starts the cluster workflow if needed)",
     help=(
-        "Submit every job of FILE (the first by update-with-start, so the cluster "
-        "workflow is started when it is not running; the rest in batched updates, a "
-        f"few in flight at once). Above {MANY_JOBS} jobs a summary replaces the "
+        "Submit every job of FILE in batched updates, all sent at once within the "
+        "server's in-flight limit (the first by update-with-start, so the cluster "
+        "workflow is started when it is not running), each answered once stored in "
+        "the workflow; then, unless --no-wait, wait for the pass that plans them. A "
+        f"terminal shows progress; above {MANY_JOBS} jobs a summary replaces the "
         "per-job lines."
     ),
 )
@@ -66,11 +64,15 @@ def validate(file: str) -> int:
 @click.option("--no-wait", is_flag=True, help="return once stored, before the pass that plans it")
 @temporal_options
 def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -> int:
+    from forge.cli import output
+
     jobs = load_jobs(file)  # before connecting: bad input fails fast, offline
     wait = not no_wait
 
     async def action(fc: ForgeClient) -> int:
+        start = time.perf_counter()
         results = await _submit_all(fc, jobs, wait=wait)
+        seconds = time.perf_counter() - start
         if len(jobs) <= MANY_JOBS:
             for r in results:
                 if wait:
@@ -79,46 +81,75 @@ def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -
                     print(
                         f"{r.job_id}: submitted (revision {r.revision}; not waiting for placement)"
                     )
-        elif wait:
-            print(
-                f"submitted {len(results):,} jobs: {sum(r.desired for r in results):,} desired, "
-                f"{sum(r.bound for r in results):,} bound, {sum(r.pending for r in results):,} "
-                "pending (as of the pass that planned them; see forge status)"
-            )
+        done = (
+            f"submitted {len(results):,} job{'s' * (len(results) != 1)}, stored, in {seconds:.1f} s"
+        )
+        if not wait:
+            print(f"{done} (not waiting for placement; see forge status)")
+        elif len(jobs) <= MANY_JOBS:
+            print(f"{done}, planned")
         else:
-            print(f"submitted {len(results):,} jobs (not waiting for placement; see forge status)")
+            # the batches were answered once stored; the last one after the pass that
+            # planned them all: the totals are the cluster's, as that pass published
+            s = await fc.summary()
+            print(
+                f"{done}, planned: cluster {fc.cluster} {s.desired:,} desired, {s.bound:,} "
+                f"bound, {s.pending:,} pending (see forge status)"
+            )
         return 0
 
     return remote(settings(**flags), connect_timeout, action)
 
 
 async def _submit_all(fc: ForgeClient, jobs: Sequence[Job], *, wait: bool) -> list[JobResult]:
-    """Submit in batched updates (``ForgeClient.submit_jobs``: one update per
-    ``MAX_JOBS_PER_UPDATE`` jobs, within the server's in-flight update limit).
+    """Submit in batched updates, all at once (``ForgeClient.submit_jobs``: one
+    update per ``MAX_JOBS_PER_UPDATE`` jobs, within the server's in-flight limit,
+    each answered once stored; with ``wait`` a last one after the pass that plans
+    them).
 
     One update per job would hit Temporal's per-run cap on distinct updates (2,000
     by default) on the Alibaba trace's 8,152 jobs, and cost a workflow round trip
-    each. The jobs go in slices of SUBMIT_SLICE so a terminal can show progress.
+    each. A terminal shows a progress bar as the batches are answered.
     """
-    progress = sys.stderr.isatty() and len(jobs) > MANY_JOBS
-    results: list[JobResult] = []
+    bar = _Progress(len(jobs), enabled=sys.stderr.isatty() and len(jobs) > MANY_JOBS)
     try:
-        for i in range(0, len(jobs), SUBMIT_SLICE):
-            results += await fc.submit_jobs(jobs[i : i + SUBMIT_SLICE], wait=wait)
-            if progress:
-                sys.stderr.write(f"\rsubmitting jobs: {len(results):,}/{len(jobs):,}")
-                sys.stderr.flush()
+        results = await fc.submit_jobs(jobs, wait=wait, progress=bar.update)
     except BaseException:
-        if results:  # say what did go in: a rerun resubmits them, harmlessly
-            first = "\n" if progress else ""  # end the progress line first
-            print(
-                f"{first}forge: {len(results):,} of {len(jobs):,} jobs were submitted",
-                file=sys.stderr,
-            )
+        bar.close()
+        if bar.done:  # say what did go in: a rerun resubmits them, harmlessly
+            print(f"forge: {bar.done:,} of {len(jobs):,} jobs were submitted", file=sys.stderr)
         raise
-    if progress:
-        sys.stderr.write("\n")
+    bar.close()
     return results
+
+
+class _Progress:
+    """``submitting jobs [#####.....] 4,000/8,152`` on stderr, redrawn in place
+    (a terminal only: a pipe or a log file gets nothing)."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.done = 0
+        self._drawn = False
+
+    def update(self, done: int) -> None:
+        self.done = done
+        if not self.enabled:
+            return
+        filled = self.WIDTH * done // max(1, self.total)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        sys.stderr.write(f"\rsubmitting jobs [{bar}] {done:,}/{self.total:,}")
+        sys.stderr.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:  # end the bar's line
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self._drawn = False
 
 
 @job.command(short_help="set a group's desired replica count")
@@ -127,6 +158,8 @@ async def _submit_all(fc: ForgeClient, jobs: Sequence[Job], *, wait: bool) -> li
 @click.argument("count", metavar="COUNT", type=Checked(replicas))
 @temporal_options
 def scale(job_id: str, group: str, count: int, connect_timeout: float, **flags: str | None) -> int:
+    from forge.cli import output
+
     async def action(fc: ForgeClient) -> int:
         r = await fc.scale(job_id, group, count)
         print(f"{job_id}/{group} scaled to {count}; {output.job_result_line(r)}")
@@ -172,6 +205,8 @@ def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str
 def revert(
     job_id: str, version: str, group: str | None, connect_timeout: float, **flags: str | None
 ) -> int:
+    from forge.cli import output
+
     async def action(fc: ForgeClient) -> int:
         r = await fc.revert(job_id, version, group)
         print(f"{job_id}: reverted to {version}; {output.job_result_line(r)}")
@@ -206,6 +241,8 @@ def stop(job_id: str, connect_timeout: float, **flags: str | None) -> int:
 @cluster_option
 @click.option("--json", "as_json", is_flag=True, help="print a JSON list")
 def list_(store: str | None, cluster: str | None, as_json: bool) -> int:
+    from forge.cli import output
+
     s = settings(store=store, cluster=cluster)
     url = s.store_url
     opened = open_existing_store(url)

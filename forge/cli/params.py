@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from forge.cli.text import verbatim
 from forge.core.models import MAX_MEMORY, MAX_REPLICAS, is_valid_name
 from forge.loaders import GPU_MEMORY_MIB
 
@@ -274,9 +275,3 @@ def temporal_options(f: _F) -> _F:
     for option in reversed(options):
         f = option(f)
     return f
-
-
-def verbatim(text: str) -> str:
-    """Help text laid out by hand (examples, aligned lines): Click keeps a paragraph
-    as written when it starts with a ``\\b`` line, and rewraps every other one."""
-    return "\n\n".join("\b\n" + p for p in text.strip("\n").split("\n\n"))

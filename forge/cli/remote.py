@@ -2,8 +2,9 @@
 their failures into :mod:`forge.errors` kinds (which :func:`forge.cli.main` maps to
 exit codes).
 
-Temporal is imported here lazily: ``forge plan`` and ``forge job validate`` never
-talk to a server, so they do not pay for importing the SDK.
+Temporal and the settings (which read the Temporal environment configuration
+through the SDK) are imported here lazily: ``forge plan`` and ``forge job validate``
+never talk to a server, so they do not pay for importing the SDK.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from forge.cli.params import NAME_HELP, address_problem
 from forge.core.models import is_valid_name
 from forge.errors import ForgeError, InvalidInput, Unavailable
-from forge.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from temporalio.client import Client
     from temporalio.service import RPCError
 
     from forge.client.client import ForgeClient
+    from forge.settings import Settings
     from forge.stores import Store
 
 __all__ = [
@@ -52,6 +53,8 @@ def settings(
     store: str | None = None,
 ) -> Settings:
     """``FORGE_*`` environment overridden by the flags the command has (flags win)."""
+    from forge.settings import Settings, SettingsError
+
     s = Settings.from_env().override(
         address=address, namespace=namespace, cluster=cluster, task_queue=task_queue, store=store
     )
@@ -101,6 +104,8 @@ def connect_problem(err: BaseException) -> str:
 
 
 async def _connect(s: Settings, timeout: float) -> Client:
+    from forge.settings import SettingsError
+
     try:
         client: Client = await asyncio.wait_for(s.connect(), timeout)
     except TimeoutError:

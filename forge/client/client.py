@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
+_RESULTS = list[c.JobResult]
 
 
 class ForgeClient:
@@ -185,6 +186,13 @@ class ForgeClient:
         return await self._submit_with_start(req)
 
     async def _submit_with_start(self, req: c.SubmitJob) -> c.JobResult:
+        result: c.JobResult = await self._update_with_start(c.UPDATE_SUBMIT_JOB, req, c.JobResult)
+        return result
+
+    async def _update_with_start(self, name: str, req: BaseModel, result_type: Any) -> Any:
+        """Update ``name`` by update-with-start: the same call starts the cluster
+        workflow when it is not running."""
+        _check_size(name, req)
         for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
             # an operation serves one attempt only: _admitted retries a busy server
             # with a new one (reusing it raises "cannot be reused")
@@ -199,11 +207,11 @@ class ForgeClient:
                 )
                 ops.append(op)
                 return self.client.execute_update_with_start_workflow(
-                    c.UPDATE_SUBMIT_JOB, req, start_workflow_operation=op, result_type=c.JobResult
+                    name, req, start_workflow_operation=op, result_type=result_type
                 )
 
             try:
-                result: c.JobResult = await self._admitted(attempt)
+                result = await self._admitted(attempt)
                 self._running = True
                 await _retrieve(ops[:-1])
                 return result
@@ -214,30 +222,71 @@ class ForgeClient:
                 if isinstance(err, WorkflowUpdateFailedError):
                     if busy_refusal(err):  # it is running, about to continue as new
                         self._running = True
-                        result = await self._update(c.UPDATE_SUBMIT_JOB, req, c.JobResult)
-                        return result
+                        return await self._update(name, req, result_type)
                     raise refused(err) from err
                 if with_attrs and "search attribute" in str(err).lower():
                     continue
                 raise
         raise AssertionError("unreachable")
 
-    async def submit_jobs(self, jobs: Sequence[Job], *, wait: bool = False) -> list[c.JobResult]:
+    async def submit_jobs(
+        self,
+        jobs: Sequence[Job],
+        *,
+        wait: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[c.JobResult]:
         """Submit many jobs in batches of ``MAX_JOBS_PER_UPDATE`` jobs and at most
-        ``MAX_BATCH_BYTES`` of JSON (few round trips, every payload far below 2 MiB)."""
+        ``MAX_BATCH_BYTES`` of JSON (few round trips, every payload far below 2 MiB).
+
+        Every batch is sent at once; the in-flight budget (``MAX_UPDATES_IN_FLIGHT``,
+        below Temporal's per-workflow limit) admits them a few at a time, so
+        submission goes at the rate the workflow queues them for the store, not one
+        pass per batch. Each batch is answered once queued (durable: its acceptance
+        is in history). The first batch goes alone, by update-with-start, when the
+        workflow has not been seen running. A batch refused as busy (the run is due
+        to continue as new) is retried with backoff; any other failure cancels the
+        batches not yet answered and is raised (a rerun resubmits, harmlessly).
+
+        ``wait``: the last batch is sent once every other one is queued and returns
+        after the pass that planned it, hence all of them: its jobs' results are as
+        of that pass, the others' as queued (see :meth:`summary` for the totals).
+        ``progress`` is called with the number of jobs queued so far after each batch.
+        """
         if not jobs:
             return []
-        batches = _batches(jobs[1:], c.MAX_JOBS_PER_UPDATE)
-        first = await self.submit_job(jobs[0], wait=wait)  # starts the workflow if needed
+        reqs = [c.SubmitJobs(jobs=b, wait=False) for b in _batches(jobs, c.MAX_JOBS_PER_UPDATE)]
+        for req in reqs:  # refuse a request too big before sending any
+            _check_size(c.UPDATE_SUBMIT_JOBS, req)
+        results: list[list[c.JobResult] | None] = [None] * len(reqs)
+        done = 0
 
-        async def one(batch: list[Job]) -> list[c.JobResult]:
-            res: list[c.JobResult] = await self._update(
-                c.UPDATE_SUBMIT_JOBS, c.SubmitJobs(jobs=batch, wait=wait), list[c.JobResult]
-            )
-            return res
+        async def send(i: int, *, with_start: bool = False, wait: bool = False) -> None:
+            nonlocal done
+            req = reqs[i].model_copy(update={"wait": True}) if wait else reqs[i]
+            if with_start:
+                got = await self._update_with_start(c.UPDATE_SUBMIT_JOBS, req, _RESULTS)
+            else:
+                got = await self._update(c.UPDATE_SUBMIT_JOBS, req, _RESULTS)
+            results[i] = got
+            done += len(got)
+            if progress is not None:
+                progress(done)
 
-        results = await asyncio.gather(*(one(b) for b in batches))
-        return [first, *(r for part in results for r in part)]
+        if not self._running:
+            # the first batch may start the workflow: it goes alone (one caller
+            # starts it; concurrent callers wait, then update)
+            if self._starting is None:
+                self._starting = asyncio.Lock()
+            async with self._starting:
+                if not self._running:
+                    await send(0, with_start=True, wait=wait and len(reqs) == 1)
+        rest = [i for i in range(len(reqs)) if results[i] is None]
+        final = rest.pop() if wait and rest else None
+        await _all([send(i) for i in rest])
+        if final is not None:  # every other batch is queued: this one's pass plans all
+            await send(final, wait=True)
+        return [r for part in results if part is not None for r in part]
 
     async def scale(self, job_id: str, group: str, count: int) -> c.JobResult:
         req = c.ScaleGroup(job_id=job_id, group=group, count=count)
@@ -389,6 +438,24 @@ class ForgeClient:
                         raise
                     await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+
+async def _all(calls: Sequence[Awaitable[None]]) -> None:
+    """Await every call concurrently; on the first failure cancel the rest and raise
+    that failure as it is (no ExceptionGroup: the CLI maps error kinds to exit codes)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    if not tasks:
+        return
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        failure = None if t.cancelled() else t.exception()
+        if failure is not None:
+            raise failure
 
 
 async def _retrieve(ops: Sequence[WithStartWorkflowOperation[Any, Any]]) -> None:

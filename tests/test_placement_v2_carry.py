@@ -151,8 +151,20 @@ def test_a_carried_v2_pass_places_exactly_as_a_pass_over_every_binding(
             carry = Carry.start(inputs["jobs"], inputs["nodes"])
             for wid, b in inputs["bindings"].items():
                 carry.absorb(wid, b)
-        carried = reconcile(**inputs, carry=carry)
+        hint: set[str] | None = None
+        if data.draw(st.booleans(), label="hinted"):
+            # as the workflow does: the ids it loaded (a superset of what changed)
+            changed = {
+                j
+                for j in inputs["jobs"].keys() | carry.jobs.keys()
+                if inputs["jobs"].get(j) is not carry.jobs.get(j)
+            }
+            extra = data.draw(st.sets(st.sampled_from(sorted(inputs["jobs"]) or ["none"])))
+            hint = changed | extra
+        carried = reconcile(**inputs, carry=carry, jobs_changed=hint)
         assert _key(carried) == _key(full), "a carried v2 pass planned differently"
+        assert carried.carry is not None and carried.carry.jobs == inputs["jobs"]
+        assert carried.desired == full.desired
         # the carry leaves the pass as a cluster built for the next pass would be:
         # the same allocations and the full reservation (a lift is per pass)
         assert carried.carry is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import signal
 import sys
@@ -32,7 +33,7 @@ from forge.stores import Store, open_store
 from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
 
-__all__ = ["build_worker", "main", "run_worker"]
+__all__ = ["GcGovernor", "build_worker", "main", "run_worker"]
 
 log = structlog.get_logger("forge.worker")
 
@@ -69,6 +70,55 @@ def watch_gc_pauses() -> None:
                 )
 
     gc.callbacks.append(callback)
+
+
+class GcGovernor:
+    """Keeps the cluster's long-lived state out of the collector's sweeps.
+
+    A full collection walks every tracked object: with a 50,000-job cluster's state
+    (~1 million objects) it took 0.2-1.9 s and landed inside workflow activations,
+    whose limit is 2 s. So, every ``period`` seconds, what exists is frozen
+    (``gc.freeze``: moved to the permanent generation, never swept): the state
+    built by the last load and passes stops costing anything, and collections look
+    only at what the last second made. Cyclic garbage frozen by mistake is freed
+    when the permanent generation has doubled since the last clean-up (a run that
+    continued as new leaves its old state behind): one full collection then, not
+    one every few seconds. Acyclic garbage (most of it) is freed by reference
+    counting, frozen or not."""
+
+    def __init__(self, *, grow: float = 2.0, floor: int = 500_000) -> None:
+        self.grow = grow
+        self.floor = floor
+        gc.freeze()
+        self.baseline = gc.get_freeze_count()
+        self.cleanups = 0
+
+    def step(self) -> bool:
+        """Freeze what exists; clean up when the frozen set has grown too much.
+        True when it cleaned up."""
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        if frozen <= max(self.baseline * self.grow, self.baseline + self.floor):
+            return False
+        gc.unfreeze()
+        started = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self.baseline = gc.get_freeze_count()
+        self.cleanups += 1
+        log.info(
+            "frozen objects cleaned up",
+            seconds=round(time.perf_counter() - started, 3),
+            before=frozen,
+            after=self.baseline,
+        )
+        return True
+
+    async def run(self, stop: asyncio.Event, period: float = 1.0) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period)
+            self.step()
 
 
 def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
@@ -109,6 +159,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         )
     store = open_store(settings.store_url)
     stop = stop or asyncio.Event()
+    governor = asyncio.create_task(GcGovernor().run(stop)) if settings.gc_freeze else None
     guard: asyncio.Task[None] | None = None
     if settings.watchdog_seconds:
         guard = asyncio.create_task(
@@ -135,6 +186,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     finally:
         if guard is not None:
             guard.cancel()
+        if governor is not None:
+            governor.cancel()
         store.close()
 
 

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     watchdog_seconds: float = _var(
         "FORGE_WATCHDOG_SECONDS", 10.0, "how often the worker's watchdog looks (0: off)", ge=0
     )
+    gc_freeze: bool = _var(
+        "FORGE_GC_FREEZE",
+        True,
+        "worker: freeze long-lived objects out of the collector's sweeps each second",
+    )
     # -- from envconfig only, no FORGE_* variable ------------------------------------
     temporal_tls: InstanceOf[ClientConfigTLS] | None = Field(default=None, repr=False)
     rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)

@@ -132,7 +132,7 @@ def test_a_bad_api_key_is_never_echoed() -> None:
 
 
 def test_every_forge_variable_is_declared_once_with_a_description() -> None:
-    assert len(ENV_VARS) == len(set(ENV_VARS)) == 15
+    assert len(ENV_VARS) == len(set(ENV_VARS)) == 16
     assert all(v.startswith("FORGE_") for v in ENV_VARS)
     described = {str(f.validation_alias): f.description for f in Settings.model_fields.values()}
     assert all(described[v] for v in ENV_VARS)

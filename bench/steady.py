@@ -91,6 +91,7 @@ class SimulatedAgents:
     heartbeat_every: float = 5.0
     usage_every: float = 10.0
     stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
     heartbeats: int = 0
     samples: int = 0
     transitions: int = 0
@@ -204,7 +205,12 @@ def kill_tasks(cluster: str) -> int:
 # -- measuring -----------------------------------------------------------------------
 
 
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 async def wait_for(what: str, probe: Any, limit: float, every: float = 0.25) -> Any:
+    say(f"waiting: {what}")
     end = time.monotonic() + limit
     while True:
         got = await probe()
@@ -278,8 +284,8 @@ async def measure(args: argparse.Namespace, work: Path, procs: list[Any]) -> dic
                 ]
             )
         sim = SimulatedAgents(store, cluster, nodes, usage_every=args.usage_every)
-        thread = threading.Thread(target=sim.run, name="agents", daemon=True)
-        thread.start()
+        sim.thread = threading.Thread(target=sim.run, name="agents", daemon=True)
+        sim.thread.start()
         procs.append(sim)
         job = make_job(args.replicas, None)
 
@@ -310,6 +316,7 @@ async def measure(args: argparse.Namespace, work: Path, procs: list[Any]) -> dic
     run0, before = await history_length(client, fc.workflow_id)
     counts0 = (sim.heartbeats, sim.samples) if sim else (0, 0)
     started = time.monotonic()
+    say(f"measuring for {args.window:.0f} s from event {before}")
     await asyncio.sleep(args.window)  # the measurement itself: the cluster left alone
     elapsed = time.monotonic() - started
     run1, after = await history_length(client, fc.workflow_id)
@@ -402,6 +409,8 @@ async def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(Exception):
                 if isinstance(p, SimulatedAgents):
                     p.stop.set()
+                    if p.thread is not None:
+                        p.thread.join(timeout=30)  # out of SQLite before anything closes
                 elif isinstance(p, subprocess.Popen):
                     stop_proc(p)
                 else:

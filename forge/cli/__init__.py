@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     finally:
-        if "temporalio.client" in sys.modules:
+        if "temporalio.service" in sys.modules:  # (the gRPC client; temporalio.client too)
             # Free the Temporal client's Rust-backed objects now, while the interpreter
             # is fully alive. Left to interpreter shutdown, their clean-up can run on a
             # Rust thread during finalisation and abort the process ("PyGILState_Release:

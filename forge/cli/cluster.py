@@ -4,16 +4,31 @@ by querying the workflow (see DESIGN.md on queries)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import click
 
 from forge.cli import output
 from forge.cli.params import store_option, temporal_options
-from forge.cli.remote import print_json, remote, settings, web_ui_hint
+from forge.cli.remote import (
+    connect_client,
+    print_json,
+    remote,
+    remote_reader,
+    settings,
+    web_ui_hint,
+)
 
 if TYPE_CHECKING:
+    from temporalio.service import ServiceClient
+
     from forge.client.client import ForgeClient
+    from forge.core.models import Assignment
+    from forge.settings import Settings
+    from forge.stores import Store
+    from forge.wire.contract import StatusView
+    from forge.wire.views import NodeUsage
 
 __all__ = ["COMMANDS", "cluster", "explain", "status"]
 
@@ -56,23 +71,53 @@ def start(connect_timeout: float, **flags: str | None) -> int:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("-a", "--assignments", is_flag=True, help="also list every binding (human output)")
 def status(as_json: bool, assignments: bool, connect_timeout: float, **flags: str | None) -> int:
-    async def action(fc: ForgeClient) -> int:
-        view = await fc.status()
-        usage = await fc.node_usage() if fc.store is not None else {}
+    s = settings(**flags)
+
+    async def action(service: ServiceClient, store: Store) -> int:
+        from forge.client import probe, reads
+        from forge.wire.contract import workflow_id
+
+        # describe() (is it running, is its workflow task failing?) while the store
+        # is read: every binding once, for the nodes, the usage and the listing
+        described = asyncio.ensure_future(probe.probe(service, s.namespace, workflow_id(s.cluster)))
+        try:
+            view, usage, found = await asyncio.to_thread(_read, store, s.cluster)
+        finally:
+            if not described.done():
+                await asyncio.wait([described])
+        seen = described.result()  # raises if there is no such workflow
+        notices = [await _stuck(s, connect_timeout)] if seen.maybe_stuck else []
+        view = view.model_copy(update={"notices": [n for n in notices if n] + view.notices})
         if as_json:
-            print_json(output.status_json(view, await fc.assignments(), usage))
+            print_json(output.status_json(view, reads.assignment_views(found), usage))
             return 0
-        print(output.status_text(fc.cluster, view, usage))
+        print(output.status_text(s.cluster, view, usage))
         if assignments:
-            rows = [
-                (a.workload_id, a.node, ",".join(a.gpu_ids) or "-", a.status)
-                for a in await fc.assignments()
-            ]
+            rows = [(a.workload_id, a.node, ",".join(a.gpu_ids) or "-", a.status) for a in found]
             print()
             print(output.table(("WORKLOAD", "NODE", "GPUS", "STATUS"), rows))
         return 0
 
-    return remote(settings(**flags), connect_timeout, action, reads_store=True)
+    return remote_reader(s, connect_timeout, action)
+
+
+def _read(store: Store, cluster: str) -> tuple[StatusView, dict[str, NodeUsage], list[Assignment]]:
+    from forge.client import reads
+
+    found = reads.all_assignments(store, cluster)
+    view = reads.status(store, cluster, found)
+    return view, reads.node_usage(store, cluster, found), found
+
+
+async def _stuck(s: Settings, timeout: float) -> str:
+    """The watchdog's diagnosis of a run whose workflow task failed (the full client:
+    it reads the run's history), as a notice; empty if it is not stuck after all."""
+    from forge.client import watchdog
+    from forge.wire.contract import workflow_id
+
+    client = await connect_client(s, timeout)
+    stuck = await watchdog.diagnose(client, workflow_id(s.cluster))
+    return stuck.line if stuck is not None else ""
 
 
 @click.command(short_help="why a replica is where it is, or not placed (reads the store)")

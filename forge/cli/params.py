@@ -19,7 +19,6 @@ import click
 
 from forge.cli.text import verbatim
 from forge.core.models import MAX_MEMORY, MAX_REPLICAS, is_valid_name
-from forge.loaders import GPU_MEMORY_MIB
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -156,6 +155,8 @@ def seconds(text: str) -> float:
 
 def gpu(text: str) -> tuple[str, int]:
     """``MODEL:MEMORY_MIB`` (or a known ``MODEL``) -> (model, memory MiB)."""
+    from forge.loaders import GPU_MEMORY_MIB  # lazily: the loaders bring YAML
+
     model, sep, memory = text.partition(":")
     if not is_valid_name(model):
         raise ValueError(f"{text!r}: GPU model must be {NAME_HELP}")

@@ -22,19 +22,20 @@ from forge.core.models import is_valid_name
 from forge.errors import ForgeError, InvalidInput, Unavailable
 
 if TYPE_CHECKING:
-    from temporalio.client import Client
-    from temporalio.service import RPCError
+    from temporalio.service import RPCError, ServiceClient
 
     from forge.client.client import ForgeClient
     from forge.settings import Settings
     from forge.stores import Store
 
 __all__ = [
+    "connect_client",
     "connect_problem",
     "one_line",
     "open_existing_store",
     "print_json",
     "remote",
+    "remote_reader",
     "safe_url",
     "settings",
     "store_call",
@@ -103,11 +104,15 @@ def connect_problem(err: BaseException) -> str:
     return one_line(text.removeprefix("Failed client connect: "))
 
 
-async def _connect(s: Settings, timeout: float) -> Client:
+async def _connect(
+    s: Settings, timeout: float, connect: Callable[[], Awaitable[_T]] | None = None
+) -> _T:
+    """``connect()`` (default: the SDK's ``Client``) within ``timeout``, its failures
+    as :mod:`forge.errors` kinds."""
     from forge.settings import SettingsError
 
     try:
-        client: Client = await asyncio.wait_for(s.connect(), timeout)
+        client: _T = await asyncio.wait_for((connect or s.connect)(), timeout)
     except TimeoutError:
         raise Unavailable(
             f"cannot connect to Temporal at {s.address}: no answer within {timeout:g} s"
@@ -119,6 +124,12 @@ async def _connect(s: Settings, timeout: float) -> Client:
             f"cannot connect to Temporal at {s.address}: {connect_problem(err)}"
         ) from None
     return client
+
+
+async def connect_client(s: Settings, timeout: float) -> Any:
+    """The SDK's ``Client`` (Forge's data converter) within ``timeout``, its
+    failures as :mod:`forge.errors` kinds."""
+    return await _connect(s, timeout)
 
 
 def _rpc_failure(err: RPCError, s: Settings) -> ForgeError:
@@ -153,6 +164,41 @@ def remote(
     return asyncio.run(_run_remote(s, timeout, action, reads_store))
 
 
+def remote_reader(
+    s: Settings,
+    timeout: float,
+    action: Callable[[ServiceClient, Store], Awaitable[int]],
+) -> int:
+    """For a command that reads what the loop published to the store and asks
+    Temporal only whether the workflow runs (``forge status``): ``action`` gets the
+    bare gRPC service client (:mod:`forge.client.probe`), not the SDK's ``Client``,
+    whose import costs more than the rest of such a command. Errors as ``remote``."""
+    return asyncio.run(_run_reader(s, timeout, action))
+
+
+async def _run_reader(
+    s: Settings,
+    timeout: float,
+    action: Callable[[ServiceClient, Store], Awaitable[int]],
+) -> int:
+    from temporalio.service import RPCError
+
+    from forge.client import probe
+
+    asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
+    service = await _connect(s, timeout, lambda: probe.connect(s))
+    store = open_existing_store(s.store_url)
+    try:
+        return await action(service, store)
+    except ForgeError as err:
+        err.args = (one_line(str(err)),)
+        raise err from None
+    except RPCError as err:
+        raise _rpc_failure(err, s) from None
+    finally:
+        store.close()
+
+
 async def _run_remote(
     s: Settings,
     timeout: float,
@@ -169,7 +215,7 @@ async def _run_remote(
     from forge.client.client import ForgeClient
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
-    client = await _connect(s, timeout)
+    client: Any = await _connect(s, timeout)
     store = open_existing_store(s.store_url) if reads_store else None
     fc = ForgeClient(client, cluster=s.cluster, task_queue=s.task_queue, store=store)
     try:

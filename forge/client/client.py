@@ -387,13 +387,7 @@ class ForgeClient:
         """Every binding, as persisted (page by page from the store)."""
         store = self._need_store("assignments")
         found = await asyncio.to_thread(reads.all_assignments, store, self.cluster, page)
-        return [
-            c.AssignmentView(
-                workload_id=a.workload_id, node=a.node, gpu_ids=list(a.gpu_ids), status=a.status
-            )
-            for a in found
-            if node is None or a.node == node
-        ]
+        return reads.assignment_views([a for a in found if node is None or a.node == node])
 
     async def explain(self, workload_id: str) -> c.Explanation:
         """Why a replica is bound where it is, or why it waits, and every node's verdict."""

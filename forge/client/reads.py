@@ -8,7 +8,7 @@ client runs these in a thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from forge.core.models import Assignment, Node
@@ -21,6 +21,7 @@ __all__ = [
     "STORE_PAGE",
     "all_assignments",
     "all_nodes",
+    "assignment_views",
     "explanation",
     "node_usage",
     "published",
@@ -58,10 +59,24 @@ def all_assignments(store: Store, cluster: str, page: int = STORE_PAGE) -> list[
     )
 
 
-def status(store: Store, cluster: str) -> c.StatusView:
+def assignment_views(found: Sequence[Assignment]) -> list[c.AssignmentView]:
+    return [
+        c.AssignmentView(
+            workload_id=a.workload_id, node=a.node, gpu_ids=list(a.gpu_ids), status=a.status
+        )
+        for a in found
+    ]
+
+
+def status(
+    store: Store, cluster: str, assignments: Sequence[Assignment] | None = None
+) -> c.StatusView:
+    """``assignments``: every binding, when the caller has read them already."""
     doc = published(store, cluster)
     nodes = all_nodes(store, cluster)
-    bindings = [Binding.from_assignment(a) for a in all_assignments(store, cluster)]
+    if assignments is None:
+        assignments = all_assignments(store, cluster)
+    bindings = [Binding.from_assignment(a) for a in assignments]
     summary = doc.summary if doc is not None else c.Summary.empty()
     return c.StatusView(
         summary=summary,
@@ -72,13 +87,20 @@ def status(store: Store, cluster: str) -> c.StatusView:
     )
 
 
-def node_usage(store: Store, cluster: str) -> dict[str, views.NodeUsage]:
+def node_usage(
+    store: Store, cluster: str, assignments: Sequence[Assignment] | None = None
+) -> dict[str, views.NodeUsage]:
     """Per node, what its replicas use and the ports they listen on, from the agents'
-    latest usage reports (empty when no agent reports)."""
+    latest usage reports (empty when no agent reports). ``assignments``: every
+    binding, when the caller has read them already."""
     reports = _every(
         lambda after, n: store.latest_usage(cluster, after, n), lambda r: r.workload_id
     )
-    return views.node_usage(reports, all_assignments(store, cluster))
+    if not reports:
+        return {}
+    if assignments is None:
+        assignments = all_assignments(store, cluster)
+    return views.node_usage(reports, assignments)
 
 
 def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:

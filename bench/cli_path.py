@@ -175,6 +175,7 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
     )
     loss = time.perf_counter() - signalled
     hist = await history_stats(env.client, fc.workflow_id)
+    replay = await _replay_seconds(env, fc.workflow_id)
     longest_gc, long_gcs, rss = _gc_and_rss(env.work / f"{name}.log", worker.proc.pid)
     store.close()
     if hist.task_failures and not kills:
@@ -198,18 +199,43 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
         "runs": hist.runs,
         "history_events": sum(hist.events),
         "node_loss": {"node": victim, "replicas": counts[victim], "seconds": round(loss, 3)},
+        "replay_seconds": replay,
         "longest_gc": longest_gc,
         "gcs_over_100ms": long_gcs,
         "worker_rss_mib": round(rss),
     }  # fmt: skip
 
 
+async def _replay_seconds(env: Env, workflow_id: str) -> list[float]:
+    """How long replaying each run of the history takes in this process (what a
+    worker taking the run over does before it can go on), newest run first."""
+    from temporalio.worker import Replayer
+
+    from forge.wire.codec import data_converter
+    from workflows.cluster import ClusterWorkflow
+
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    out = []
+    run_id: str | None = (await env.client.get_workflow_handle(workflow_id).describe()).run_id
+    while run_id:
+        handle = env.client.get_workflow_handle(workflow_id, run_id=run_id)
+        history = await handle.fetch_history()
+        t0 = time.perf_counter()
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        out.append(round(time.perf_counter() - t0, 2))
+        if result.replay_failure is not None:
+            raise BenchFailure(f"run {run_id} does not replay: {result.replay_failure}")
+        first = history.events[0].workflow_execution_started_event_attributes
+        run_id = first.continued_execution_run_id or None
+    return out
+
+
 def report(rows: list[dict[str, Any]], command: str) -> str:
     out = [
         "| run | `forge job run` returned | submit → converged | bound / pending "
-        "| WorkflowTaskFailed | longest task | runs | longest GC (>100 ms) | worker RSS "
-        "| node loss |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| WorkflowTaskFailed | longest task | runs | longest replay | longest GC (>100 ms) "
+        "| worker RSS | node loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         kill = f", {r['kills']} x kill -9" if r["kills"] else ""
@@ -219,6 +245,7 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
             f"| {r['job_run_returned']:.1f} s | {r['converged_seconds']:.1f} s "
             f"| {r['bound']:,} / {r['pending']:,} | {r['task_failures']} "
             f"| {r['longest_task'] * 1000:.0f} ms of {r['tasks']} | {r['runs']} "
+            f"| {max(r['replay_seconds']):.1f} s "
             f"| {r['longest_gc'] * 1000:.0f} ms ({r['gcs_over_100ms']}) "
             f"| {r['worker_rss_mib']:,} MiB "
             f"| {loss['seconds'] * 1000:.0f} ms for {loss['replicas']} |"

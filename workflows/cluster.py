@@ -199,7 +199,9 @@ class ClusterWorkflow(Presentation):
             "health_checks": True,
             "placement_version": 2,
         }
-        if not options.max_work:
+        if self.st.max_work:  # the watchdog's, after repeated deadlocks
+            update.update(max_work=self.st.max_work, pending_units=PENDING_UNITS)
+        elif not options.max_work:
             update.update(max_work=MAX_WORK, pending_units=PENDING_UNITS)
         return options.model_copy(update=update)
 

@@ -88,10 +88,21 @@ class Handlers:
         if req is not None:
             self.inbox.append(c.LostOp(node_id=req.node_id))
 
+    @workflow.signal(name=c.SIGNAL_LOOP_BUDGET)
+    def loop_budget(self, *args: Any) -> None:
+        """The watchdog lowers the pass budget after repeated deadlocks (it resets
+        the run first): kept for this run and those it continues as."""
+        req = self._signal(c.SIGNAL_LOOP_BUDGET, c.LoopBudget, args)
+        if req is not None:
+            self.st.max_work = req.max_work
+            self.dirty = True
+
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
         """A signal no handler knows (a misspelt name): recorded, never raised."""
-        self._dropped(name, "unknown signal (known: register_node, remove_node, node_lost)")
+        self._dropped(
+            name, "unknown signal (known: register_node, remove_node, node_lost, loop_budget)"
+        )
 
     def _signal(self, name: str, model: type[Payload], args: tuple[Any, ...]) -> Payload | None:
         parsed = parse(model, args)

@@ -72,6 +72,8 @@ class LoopState:
     # whose verdict the reports changed since the last pass
     health: dict[str, bool] = field(default_factory=dict)
     health_changed: dict[str, None] = field(default_factory=dict)
+    # a pass's work budget set by the watchdog's loop_budget signal (0: the default)
+    max_work: int = 0
     # the jobs whose object may have changed since the last pass (None: any may
     # have, compare them all), so a pass never walks every job to find out
     jobs_changed: dict[str, None] | None = None
@@ -101,6 +103,7 @@ class LoopState:
             rollouts=dict(cp.rollouts),
             since=dict(cp.since),
             health=dict(cp.health),
+            max_work=cp.max_work,
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -125,6 +128,7 @@ class LoopState:
             rollouts=self.rollouts,
             since=self.since,
             health=self.health,
+            max_work=self.max_work,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:
@@ -252,9 +256,12 @@ class LoopState:
         return total % STATE_MOD
 
     def notices(self) -> list[str]:
-        if not self.signals_dropped:
-            return []
-        return [f"{self.signals_dropped} signal(s) dropped; last: {self.last_dropped}"]
+        out = []
+        if self.signals_dropped:
+            out.append(f"{self.signals_dropped} signal(s) dropped; last: {self.last_dropped}")
+        if self.max_work:
+            out.append(f"pass budget lowered to {self.max_work:,} units after a deadlock")
+        return out
 
 
 def hash_binding(b: Binding) -> int:

@@ -11,8 +11,12 @@ would: resets the run to its first completed workflow task. That is safe here: t
 store holds the state, persists are fenced (a reset run moves to a newer
 generation), and the signals and updates the reset reapplies are idempotent.
 
-A deadlock is reported, not reset: the same code would deadlock again. Nor is a
-task failed by an activity error the loop does not handle (``LoopActivityFailed``:
+A deadlock that repeats (the same task failing ``DEADLOCK_ATTEMPTS`` times: the same
+history makes the same activation) is reset too, and the reset run is told to plan
+with half the work budget it had (the ``loop_budget`` signal, kept through
+continue-as-new and shown in the published notices; halved again on each repeat,
+never below ``MIN_BUDGET``). Not reset: a task failed by an activity error the
+loop does not handle (``LoopActivityFailed``:
 "activity failed", with the activity and its error). A loop that waits out a
 failing store fails no task; it says so in its memo (``forge-stalled``), shown as
 "store error" with the error.
@@ -32,10 +36,21 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import MetricMeter
 
+from forge.core.reconcile import MAX_WORK
 from forge.wire import contract as c
 from forge.wire import errors
 
-__all__ = ["ACTIVITY_FAILED", "DIVERGENCE", "STORE_ERROR", "Stuck", "diagnose", "recover", "watch"]
+__all__ = [
+    "ACTIVITY_FAILED",
+    "DEADLOCK_ATTEMPTS",
+    "DIVERGENCE",
+    "MIN_BUDGET",
+    "STORE_ERROR",
+    "Stuck",
+    "diagnose",
+    "recover",
+    "watch",
+]
 
 log = structlog.get_logger("forge.client.watchdog")
 
@@ -139,11 +154,22 @@ async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
     )
 
 
-async def recover(client: Client, stuck: Stuck) -> str | None:
-    """Reset a run stuck on nondeterminism to its first completed workflow task;
-    returns the new run id (None when there is nothing safe to do). Workers that
-    race to reset the same run send the same request id, so only one reset happens."""
-    if stuck.cause != "nondeterminism" or stuck.reset_to is None:
+#: A deadlock is reset once its workflow task has failed this many times in a row.
+DEADLOCK_ATTEMPTS = 3
+#: The smallest pass budget the watchdog asks for (a pass must still make progress).
+MIN_BUDGET = 20_000
+
+
+async def recover(client: Client, stuck: Stuck, budget: int | None = None) -> str | None:
+    """Reset a run stuck on nondeterminism, or on a deadlock that repeats, to its
+    first completed workflow task; returns the new run id (None when there is
+    nothing safe to do). After a deadlock the new run is sent ``budget`` (the
+    ``loop_budget`` signal). Workers that race to reset the same run send the same
+    request id, so only one reset happens."""
+    if stuck.reset_to is None:
+        return None
+    deadlock = stuck.cause == "deadlock" and stuck.attempt >= DEADLOCK_ATTEMPTS
+    if stuck.cause != "nondeterminism" and not deadlock:
         return None
     resp = await client.workflow_service.reset_workflow_execution(
         ResetWorkflowExecutionRequest(
@@ -156,6 +182,9 @@ async def recover(client: Client, stuck: Stuck) -> str | None:
             request_id=f"forge-watchdog-{stuck.run_id}-{stuck.reset_to}",
         )
     )
+    if deadlock and budget is not None:
+        handle = client.get_workflow_handle(stuck.workflow_id, run_id=resp.run_id)
+        await handle.signal(c.SIGNAL_LOOP_BUDGET, {"max_work": max(MIN_BUDGET, budget)})
     return str(resp.run_id)
 
 
@@ -184,6 +213,7 @@ async def watch(
         else None
     )
     seen: set[tuple[str, str, int]] = set()
+    budgets: dict[str, int] = {}  # per workflow: the budget its last deadlock reset asked
     query = (
         f"WorkflowType = '{c.WORKFLOW_TYPE}' AND ExecutionStatus = 'Running' "
         f"AND TaskQueue = '{task_queue}'"
@@ -207,7 +237,8 @@ async def watch(
                     )
                     if failures is not None:
                         failures.add(1, {"cause": stuck.cause})
-                new_run = await recover(client, stuck)
+                budget = max(MIN_BUDGET, budgets.get(stuck.workflow_id, MAX_WORK) // 2)
+                new_run = await recover(client, stuck, budget)
                 if new_run is not None:
                     log.warning(
                         "cluster workflow reset by the watchdog",
@@ -215,7 +246,10 @@ async def watch(
                         from_run=stuck.run_id,
                         to_event=stuck.reset_to,
                         new_run=new_run,
+                        budget=budget if stuck.cause == "deadlock" else None,
                     )
+                    if stuck.cause == "deadlock":
+                        budgets[stuck.workflow_id] = budget
                     if resets is not None:
                         resets.add(1)
         except Exception as err:  # the server busy or away: look again next period

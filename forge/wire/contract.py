@@ -31,6 +31,7 @@ __all__ = [
     "SA_CLUSTER",
     "SA_NODES",
     "SA_PENDING",
+    "SIGNAL_LOOP_BUDGET",
     "SIGNAL_NODE_LOST",
     "SIGNAL_REGISTER_NODE",
     "SIGNAL_REMOVE_NODE",
@@ -53,6 +54,7 @@ __all__ = [
     "DrainOp",
     "Explanation",
     "JobResult",
+    "LoopBudget",
     "LoopStatus",
     "LostOp",
     "NodeOp",
@@ -83,6 +85,8 @@ TASK_QUEUE = "forge"
 SIGNAL_REGISTER_NODE = "register_node"
 SIGNAL_REMOVE_NODE = "remove_node"
 SIGNAL_NODE_LOST = "node_lost"
+#: The watchdog's: plan passes with a smaller work budget (after repeated deadlocks).
+SIGNAL_LOOP_BUDGET = "loop_budget"
 
 UPDATE_SUBMIT_JOB = "submit_job"
 UPDATE_SUBMIT_JOBS = "submit_jobs"
@@ -184,12 +188,16 @@ class Checkpoint(_Msg):
     # health checks (rollouts-3): rolling groups' replicas' check verdicts; left out
     # of the JSON when empty
     health: dict[str, bool] = Field(default_factory=dict)
+    #: a pass's work budget set by the watchdog after repeated deadlocks (0: default)
+    max_work: int = 0
 
     @model_serializer(mode="wrap")
     def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict) and not self.health:
             data.pop("health", None)
+        if isinstance(data, dict) and not self.max_work:
+            data.pop("max_work", None)
         return data
 
 
@@ -208,6 +216,13 @@ class RegisterNodes(_Msg):
 
 class NodeRef(_Msg):
     node_id: Annotated[str, IntAsStr]  # as Node.id: 7 is "7"
+
+
+class LoopBudget(_Msg):
+    """A pass's work budget (forge.core.reconcile.MAX_WORK units), for this run and
+    the runs it continues as."""
+
+    max_work: int = Field(ge=10_000, le=100_000_000)
 
 
 # -- node operations: what the signals and drain_node ask of the next pass --------------

@@ -153,3 +153,68 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
 
 async def _run_id(fc: ForgeClient) -> str | None:
     return (await fc.handle().describe()).run_id
+
+
+@workflow.defn(name=c.WORKFLOW_TYPE, sandboxed=False)
+class SlowAtFullBudget(ClusterWorkflow):
+    """A pass that overruns the SDK's 2 s activation limit whenever it plans with the
+    default budget and two jobs: the same history deadlocks every attempt, as a pass
+    too big for its budget does."""
+
+    @workflow.init
+    def __init__(self, inp: c.ClusterInput) -> None:
+        super().__init__(inp)
+
+    @workflow.run
+    async def run(self, inp: c.ClusterInput) -> None:
+        await super().run(inp)
+
+    def _plan(self, now: float) -> Any:
+        if not self.st.max_work and len(self.st.jobs) >= 2:
+            time.sleep(2.5)  # the planted overrun (blocking, inside the activation)
+        return super()._plan(now)
+
+
+async def test_a_deadlock_that_repeats_is_reset_with_a_smaller_budget_and_converges(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    client = dev_env.client
+    queue = f"wd-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore()
+    fc = ForgeClient(
+        client, cluster=f"wd{uuid.uuid4().hex[:6]}", task_queue=queue,
+        options=default_options(), store=store, search_attributes=False,
+    )  # fmt: skip
+    async with _worker(client, queue, store, SlowAtFullBudget):
+        await fc.register_nodes([node("a"), node("b")])
+        await fc.submit_job(job("web", replicas=2, cpu=1000))
+        first_run = (await fc.handle().describe()).run_id
+        await fc.submit_job(job("db", replicas=1, cpu=500), wait=False)
+        stuck = await eventually(
+            lambda: watchdog.diagnose(client, fc.workflow_id),
+            lambda s: s is not None and s.attempt >= watchdog.DEADLOCK_ATTEMPTS,
+            timeout=120,
+            what="the run deadlocking on every attempt",
+        )
+        assert stuck is not None and stuck.cause == "deadlock", stuck
+        status = await fc.status()
+        assert any("deadlock" in n for n in status.notices), status.notices
+
+        stop = asyncio.Event()
+        guard = asyncio.create_task(watchdog.watch(client, queue, period=0.2, stop=stop))
+        try:
+            await eventually(
+                lambda: _run_id(fc), lambda r: r != first_run, timeout=60, what="the reset"
+            )
+            status = await eventually(
+                fc.status,
+                lambda s: s.summary.bound == 3 and any("pass budget" in n for n in s.notices),
+                timeout=120,
+                what="convergence with the lowered budget",
+            )
+        finally:
+            stop.set()
+            await guard
+        assert f"{watchdog.MAX_WORK // 2:,}" in " ".join(status.notices)
+        assert_store_is_the_workflows(store, fc.cluster)
+        await fc.handle().terminate("test finished")

@@ -31,6 +31,7 @@ from temporalio.worker import Worker
 from activities.store_activities import StoreActivities
 from forge.client import watchdog
 from forge.client.client import ForgeClient
+from forge.core.reconcile import MAX_WORK
 from forge.stores import MemoryStore, Store
 from forge.wire import contract as c
 from tests.e2e.procs import assert_store_is_the_workflows, eventually
@@ -215,6 +216,6 @@ async def test_a_deadlock_that_repeats_is_reset_with_a_smaller_budget_and_conver
         finally:
             stop.set()
             await guard
-        assert f"{watchdog.MAX_WORK // 2:,}" in " ".join(status.notices)
+        assert f"{MAX_WORK // 2:,}" in " ".join(status.notices)
         assert_store_is_the_workflows(store, fc.cluster)
         await fc.handle().terminate("test finished")

@@ -205,15 +205,15 @@ async def test_ten_thousand_node_registrations_in_bursts(dev_env: WorkflowEnviro
 
 
 async def test_ten_thousand_updates_in_bursts(dev_env: WorkflowEnvironment) -> None:
-    """50 bursts of 200 updates (150 submit_job with wait=False, 20 submit_jobs
-    calls of two jobs (two updates each), 10 scales), each burst touching each of
-    200 jobs once, so the last desired count of every job is known; a forced
+    """50 bursts of 200 updates (170 submit_job with wait=False, 20 submit_jobs
+    calls of two jobs (one update each), 10 scales), each burst touching each of
+    220 jobs once, so the last desired count of every job is known; a forced
     continue-as-new after every 500 accepted updates."""
     opts = default_options(max_updates_per_run=UPDATES_PER_RUN)
     async with cluster(dev_env.client, options=opts) as (fc, store):
         first = await fc.start()
         await fc.register_nodes([node(f"n{i:02d}", cpu=64000, memory=1 << 20) for i in range(20)])
-        names = [f"f{i:03d}" for i in range(200)]
+        names = [f"f{i:03d}" for i in range(220)]
         expected: dict[str, int] = {}
         calls = 0
         rounds = 50
@@ -225,21 +225,21 @@ async def test_ten_thousand_updates_in_bursts(dev_env: WorkflowEnvironment) -> N
             order = names[:]
             rng.shuffle(order)
             ops: list[Awaitable[object]] = []
-            for name in order[:150]:
+            for name in order[:170]:
                 expected[name] = rng.randrange(3)
                 ops.append(fc.submit_job(_job(name, expected[name]), wait=False))
-            pairs = order[150:190]
+            pairs = order[170:210]
             for a, b in zip(pairs[::2], pairs[1::2], strict=True):
                 expected[a], expected[b] = rng.randrange(3), rng.randrange(3)
                 ops.append(fc.submit_jobs([_job(a, expected[a]), _job(b, expected[b])]))
-            for name in order[190:]:
+            for name in order[210:]:
                 if r == 0:  # nothing to scale yet: submit instead
                     expected[name] = 1
                     ops.append(fc.submit_job(_job(name, 1), wait=False))
                 else:
                     expected[name] = rng.randrange(3)
                     ops.append(fc.scale(name, "main", expected[name]))
-            calls += 150 + 2 * 20 + 10
+            calls += 170 + 20 + 10
             await asyncio.gather(*ops)
         elapsed = time.monotonic() - started
         await poller.stop()

@@ -282,3 +282,33 @@ def test_job_run_says_how_many_went_in_when_a_batch_is_refused(
     err = capsys.readouterr().err
     assert "bad job" in err
     assert "of 1,000 jobs were submitted" in err
+
+
+class _Terminal:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_job_run_draws_a_progress_bar_on_a_terminal_only(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wf = _Workflow()
+    monkeypatch.setattr(job_cli, "remote", _fake_remote(wf))
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert cli.main(["job", "run", "--no-wait", _job_file(tmp_path, 1000)]) == 0
+    frames = terminal.text.split("\r")[1:]
+    assert len(frames) == 1000 // c.MAX_JOBS_PER_UPDATE  # one per batch answered
+    assert frames[0].startswith("submitting jobs [")
+    assert frames[-1] == f"submitting jobs [{'#' * 30}] 1,000/1,000\n"  # the line ended
+    assert capsys.readouterr().out.startswith("submitted 1,000 jobs, stored, in ")

@@ -249,6 +249,23 @@ async def window_events(
     return kinds, reasons
 
 
+async def runs_since(client: Client, workflow_id: str, run0: str) -> list[tuple[str, int]]:
+    """(run id, history length) of every run from ``run0`` to the latest, oldest
+    first: a loop that continues-as-new inside the window is measured whole."""
+    out: list[tuple[str, int]] = []
+    run: str | None = (await client.get_workflow_handle(workflow_id).describe()).run_id
+    while run:
+        handle = client.get_workflow_handle(workflow_id, run_id=run)
+        d = await handle.describe()
+        out.append((run, d.raw_description.workflow_execution_info.history_length))
+        if run == run0:
+            break
+        async for e in handle.fetch_history_events():
+            run = e.workflow_execution_started_event_attributes.continued_execution_run_id
+            break
+    return out[::-1]
+
+
 async def measure(args: argparse.Namespace, work: Path, procs: list[Any]) -> dict[str, Any]:
     server = DevServer.start(work)
     procs.append(server)
@@ -322,12 +339,19 @@ async def measure(args: argparse.Namespace, work: Path, procs: list[Any]) -> dic
     say(f"measuring for {args.window:.0f} s from event {before}")
     await asyncio.sleep(args.window)  # the measurement itself: the cluster left alone
     elapsed = time.monotonic() - started
-    run1, after = await history_length(client, fc.workflow_id)
-    if run0 != run1:
-        raise BenchFailure("the run continued-as-new during the window: rerun")
-    kinds, reasons = await window_events(client, fc.workflow_id, run1, before)
+    runs = await runs_since(client, fc.workflow_id, run0)
+    if runs[0][0] != run0:
+        raise BenchFailure("lost the run the window started in")
+    kinds: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    events = 0
+    for run, length in runs:
+        skip = before if run == run0 else 0
+        events += length - skip
+        k, r = await window_events(client, fc.workflow_id, run, skip)
+        kinds += k
+        reasons += r
     usage = store.group_usage(cluster, time.time() - 60)
-    events = after - before
     per_hour = events * 3600 / elapsed
     result = {
         "agents": args.agents,
@@ -336,6 +360,7 @@ async def measure(args: argparse.Namespace, work: Path, procs: list[Any]) -> dic
         "window": round(elapsed, 1),
         "converged_s": round(converged, 1),
         "events": events,
+        "runs": len(runs),
         "per_hour": round(per_hour),
         "per_hour_with_floor": round(per_hour) + IDLE_FLOOR,
         "activities": dict(kinds),
@@ -365,7 +390,9 @@ def table(r: dict[str, Any], command: str) -> str:
         "| measure | value |",
         "|---|---|",
         f"| window | {r['window']} s (after convergence: {r['converged_s']} s) |",
-        f"| history events in the window | {r['events']} |",
+        f"| history events in the window | {r['events']}"
+        + (f" ({r['runs']} runs: continued-as-new)" if r["runs"] > 1 else "")
+        + " |",
         f"| per hour (extrapolated) | {r['per_hour']} |",
         f"| per hour with the idle floor (+{IDLE_FLOOR}) | {r['per_hour_with_floor']}"
         f" (target <= {r['target']}: {met}) |",

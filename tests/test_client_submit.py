@@ -15,6 +15,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
 
 from forge import cli
 from forge.cli import job as job_cli
@@ -24,6 +25,8 @@ from forge.core.models import Job
 from forge.errors import InvalidInput
 from forge.wire import contract as c
 from forge.wire import errors
+from forge.wire.codec import data_converter
+from tests.workflow.harness import cluster, default_options, node
 from tests.workflow.harness import job as harness_job
 
 
@@ -312,3 +315,34 @@ def test_job_run_draws_a_progress_bar_on_a_terminal_only(
     assert frames[0].startswith("submitting jobs [")
     assert frames[-1] == f"submitting jobs [{'#' * 30}] 1,000/1,000\n"  # the line ended
     assert capsys.readouterr().out.startswith("submitted 1,000 jobs, stored, in ")
+
+
+# ------------------------------------------------------------ a real cluster workflow
+
+
+async def test_a_real_cluster_stores_every_batch_through_continues_as_new(
+    temporal_cli: str,
+) -> None:
+    """2,000 jobs (10 batches, all in flight together) into a workflow that continues
+    as new after every 3 updates, so batches meet "busy" refusals and land in several
+    runs: with wait, every job is stored and planned when submit_jobs returns."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli,
+        data_converter=data_converter(),
+        dev_server_log_level="error",
+    )
+    try:
+        async with cluster(env.client, options=default_options(max_updates_per_run=3)) as (
+            fc,
+            store,
+        ):
+            await fc.register_nodes([node("n1", cpu=64000, memory=1 << 20)])
+            jobs = _jobs(2000)
+            results = await fc.submit_jobs(jobs, wait=True)
+            assert [r.job_id for r in results] == [j.id for j in jobs]
+            assert {j.id for j in store.list_jobs(fc.cluster)} == {j.id for j in jobs}
+            summary = await fc.summary()  # published by the pass the last batch waited for
+            assert summary.jobs == len(jobs) and summary.desired == len(jobs)
+            assert summary.generation > 1  # the batches met continues as new
+    finally:
+        await env.shutdown()

@@ -206,28 +206,64 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def _replay_seconds(env: Env, workflow_id: str) -> list[float]:
-    """How long replaying each run of the history takes in this process (what a
-    worker taking the run over does before it can go on), newest run first."""
-    from temporalio.worker import Replayer
-
-    from forge.wire.codec import data_converter
-    from workflows.cluster import ClusterWorkflow
-
-    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+async def _replay_seconds(env: Env, workflow_id: str) -> list[dict[str, Any]]:
+    """How long replaying each run of the history takes (what a worker taking the run
+    over does before it can go on), newest run first: each in a fresh process set up
+    as worker.py is (the collector governor on), with any failure it met."""
     out = []
     run_id: str | None = (await env.client.get_workflow_handle(workflow_id).describe()).run_id
     while run_id:
         handle = env.client.get_workflow_handle(workflow_id, run_id=run_id)
         history = await handle.fetch_history()
-        t0 = time.perf_counter()
-        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-        out.append(round(time.perf_counter() - t0, 2))
-        if result.replay_failure is not None:
-            raise BenchFailure(f"run {run_id} does not replay: {result.replay_failure}")
+        path = env.work / f"replay-{run_id}.json"
+        await asyncio.to_thread(path.write_text, history.to_json())
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "bench.cli_path", "--replay", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            out.append({"run": run_id, "seconds": None, "failure": proc.stderr[-300:]})
+        else:
+            out.append({"run": run_id, **json.loads(lines[-1])})
         first = history.events[0].workflow_execution_started_event_attributes
         run_id = first.continued_execution_run_id or None
     return out
+
+
+async def _replay_one(path: Path) -> dict[str, Any]:
+    import gc
+
+    from temporalio.client import WorkflowHistory
+    from temporalio.worker import Replayer
+
+    from forge.wire.codec import data_converter
+    from worker import GcGovernor
+    from workflows.cluster import ClusterWorkflow
+
+    text = await asyncio.to_thread(path.read_text)
+    history = WorkflowHistory.from_json(path.stem, json.loads(text))
+    gc.freeze()
+    stop = asyncio.Event()
+    governor = asyncio.create_task(GcGovernor().run(stop))
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    t0 = time.perf_counter()
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    took = time.perf_counter() - t0
+    stop.set()
+    await governor
+    failure = None if result.replay_failure is None else str(result.replay_failure)[:300]
+    return {"seconds": round(took, 2), "events": len(history.events), "failure": failure}
+
+
+def _longest_replay(runs: list[dict[str, Any]]) -> str:
+    if any(r.get("failure") for r in runs):
+        return "**failed**: " + next(str(r["failure"])[:60] for r in runs if r.get("failure"))
+    return f"{max(float(r['seconds']) for r in runs):.1f} s"
 
 
 def report(rows: list[dict[str, Any]], command: str) -> str:
@@ -245,7 +281,7 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
             f"| {r['job_run_returned']:.1f} s | {r['converged_seconds']:.1f} s "
             f"| {r['bound']:,} / {r['pending']:,} | {r['task_failures']} "
             f"| {r['longest_task'] * 1000:.0f} ms of {r['tasks']} | {r['runs']} "
-            f"| {max(r['replay_seconds']):.1f} s "
+            f"| {_longest_replay(r['replay_seconds'])} "
             f"| {r['longest_gc'] * 1000:.0f} ms ({r['gcs_over_100ms']}) "
             f"| {r['worker_rss_mib']:,} MiB "
             f"| {loss['seconds'] * 1000:.0f} ms for {loss['replicas']} |"
@@ -260,7 +296,11 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", action="append", help="NODESxJOBS or NODESxJOBSxREPLICAS")
     ap.add_argument("--kill", type=int, default=0, help="kill -9 the worker this many times")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
+    ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)  # one history, timed
     args = ap.parse_args(argv)
+    if args.replay is not None:
+        print(json.dumps(await _replay_one(args.replay)))
+        return 0
     sizes = args.size or ["5000x50000", "10000x30000x10"]
     work = Path(tempfile.mkdtemp(prefix="forge-cli-bench-"))
     server = DevServer.start(work)

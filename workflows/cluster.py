@@ -82,13 +82,13 @@ class ClusterWorkflow(Presentation):
                 # becoming due, and updates are refused as busy only that long.
                 await self.watch.cancel()
                 if self._continue_as_new_now() and not (self.inbox or self.queue.queued):
-                    workflow.continue_as_new(
-                        c.ClusterInput(
-                            cluster=self.st.cluster,
-                            options=self.st.opts,
-                            checkpoint=self.st.checkpoint(),
-                        )
+                    nxt = c.ClusterInput(
+                        cluster=self.st.cluster,
+                        options=self.st.opts,
+                        checkpoint=self.st.checkpoint(),
                     )
+                    self.st.drop_cluster()
+                    workflow.continue_as_new(nxt)
             if self.dirty or self.inbox or self.queue.queued or self.watch.done():
                 await self._pass()
                 continue

@@ -161,6 +161,16 @@ class LoopState:
             return resync, "job resync"
         return wake, why
 
+    def drop_cluster(self) -> None:
+        """Let go of the nodes, jobs and bindings as this run ends (continue-as-new):
+        the run's instance is held in reference cycles (its tasks, its handlers), so
+        whatever hangs off it waits for a full collection; what is let go here is
+        freed at once instead (it is acyclic), and no collection walks it."""
+        self.nodes, self.jobs, self.bindings = {}, {}, {}
+        self.pending, self.failures, self.health, self.since = {}, {}, {}, {}
+        self.carry = None
+        self.autoscaled = {}
+
     def job_changed(self, job_id: str, job: Job | None) -> None:
         """Note a job put (or deleted: None) into ``jobs`` outside a load."""
         if self.jobs_changed is not None:

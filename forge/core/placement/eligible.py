@@ -50,7 +50,10 @@ class Eligibility:
         return made
 
     def __init__(self, cluster: Cluster, order: list[NodeAlloc], *, gpu_first: bool) -> None:
-        self.cluster = cluster
+        # the cluster's node list, not the cluster: kept in ``cluster.static``, a
+        # reference back would make a cycle, and a cluster left behind (a new run,
+        # a node change) would then wait for a full collection instead of going
+        self.nodes_all = cluster.nodes
         self.order = order
         self.gpu_first = gpu_first
         self.work = 0
@@ -127,9 +130,9 @@ class Eligibility:
         if skey not in self._static:
             self.nodes(req, constraints)
         eligible = {id(n) for n in self._static[skey]}
-        counts = _static_reasons(self.cluster.nodes, eligible, req, constraints, self._tainted)
+        counts = _static_reasons(self.nodes_all, eligible, req, constraints, self._tainted)
         # one cheap check per node outside the list, once per rule set and node set
-        self.work += len(self.cluster) + (len(self.cluster) - len(eligible))
+        self.work += len(self.nodes_all) + (len(self.nodes_all) - len(eligible))
         self._static_why[skey] = counts
         return counts
 
@@ -138,14 +141,14 @@ class Eligibility:
         if self._tallies is None:
             states: dict[Rejection, int] = {}
             gpus: dict[int, int] = {}
-            for n in self.cluster.nodes:
+            for n in self.nodes_all:
                 if n.schedulable:
                     gpus[len(n.node.gpus)] = gpus.get(len(n.node.gpus), 0) + 1
                 else:
                     why = Rejection(Rule.STATE, state=str(n.node.state.value))
                     states[why] = states.get(why, 0) + 1
             self._tallies = (states, gpus)
-            self.work += len(self.cluster.nodes)
+            self.work += len(self.nodes_all)
         return self._tallies
 
 

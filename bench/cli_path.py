@@ -297,6 +297,7 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill", type=int, default=0, help="kill -9 the worker this many times")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)  # one history, timed
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (histories, logs)")
     args = ap.parse_args(argv)
     if args.replay is not None:
         print(json.dumps(await _replay_one(args.replay)))
@@ -327,7 +328,10 @@ async def main(argv: list[str] | None = None) -> int:
     print(report(rows, command.strip()))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        print(f"kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

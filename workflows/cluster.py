@@ -370,6 +370,7 @@ class ClusterWorkflow(Presentation):
                 delete=[i for i, j in queue.items() if j is None],
             )
         )
+        loading.take_own_writes(self.st, queue, out.revision, out.missing)
         self.st.known_revision = max(self.st.known_revision, out.revision)
         self.queue.written = ticket
 

@@ -20,7 +20,15 @@ with workflow.unsafe.imports_passed_through():
     from forge.stores.base import group_of
     from forge.wire import activity_contract as ac
 
-__all__ = ["autoscale", "load_bindings", "load_jobs", "load_nodes", "load_reports"]
+__all__ = [
+    "autoscale",
+    "load_bindings",
+    "load_jobs",
+    "load_nodes",
+    "load_reports",
+    "put_job",
+    "take_own_writes",
+]
 
 
 async def load_nodes(st: LoopState) -> dict[str, Node]:
@@ -72,18 +80,7 @@ async def load_jobs(st: LoopState) -> None:
         for ch in page.changes:
             if not full:
                 st.job_changed(ch.job_id, ch.job)
-            if ch.job is None:
-                jobs.pop(ch.job_id, None)
-            else:
-                old = jobs.get(ch.job_id)
-                if old is not None and old != ch.job:
-                    # a changed request may fit where the old one did not:
-                    # backed-off replicas get another try now
-                    st.capacity_changed = True
-                # an unchanged job keeps its object (a full reload too): a pass
-                # re-checks only the jobs whose object changed (reconcile.Carry)
-                same = old if old is not None else st.jobs.get(ch.job_id)
-                jobs[ch.job_id] = same if same is not None and same == ch.job else ch.job
+            put_job(st, jobs, ch.job_id, ch.job)
         st.jobs_revision = max(st.jobs_revision, page.revision)
         if not page.more:
             break
@@ -94,6 +91,43 @@ async def load_jobs(st: LoopState) -> None:
         st.autoscaled = {
             j.id: None for j in jobs.values() if any(g.autoscale is not None for g in j.groups)
         }
+
+
+def put_job(st: LoopState, jobs: dict[str, Job], job_id: str, job: Job | None) -> None:
+    """One job change into ``jobs`` (None deletes)."""
+    if job is None:
+        jobs.pop(job_id, None)
+        return
+    old = jobs.get(job_id)
+    if old is not None and old != job:
+        # a changed request may fit where the old one did not: backed-off
+        # replicas get another try now
+        st.capacity_changed = True
+    # an unchanged job keeps its object (a full reload too): a pass re-checks only
+    # the jobs whose object changed (reconcile.Carry)
+    same = old if old is not None else st.jobs.get(job_id)
+    jobs[job_id] = same if same is not None and same == job else job
+
+
+def take_own_writes(
+    st: LoopState, queue: dict[str, Job | None], revision: int, missing: list[str]
+) -> bool:
+    """After this loop's own job write: when the store's revision moved by exactly
+    the writes it made and nothing else was waiting to be loaded, the store holds
+    what the loop already has, so the jobs go into the state without reading them
+    back (a job spec then crosses history once, in its update). False: load."""
+    written = sum(1 for job in queue.values() if job is not None)
+    deleted = sum(1 for job_id, job in queue.items() if job is None and job_id not in missing)
+    base = st.jobs_revision
+    if not base or st.known_revision > base or revision - base != written + deleted:
+        return False
+    for job_id, job in queue.items():
+        if job is None and job_id in missing:
+            continue
+        st.job_changed(job_id, job)
+        put_job(st, st.jobs, job_id, job)
+    st.jobs_revision = revision
+    return True
 
 
 async def load_reports(st: LoopState) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pytest_asyncio
@@ -22,8 +22,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from forge.client import watchdog
 from forge.client.client import ForgeClient
+from forge.core.models import Job
 from forge.stores import MemoryStore, StoreError
-from forge.stores.base import ApplyResult, Delta, Fence, JobPage
+from forge.stores.base import ApplyResult, Delta, Fence
 from forge.wire import activity_contract as ac
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
@@ -59,10 +60,10 @@ class RefusingStore(MemoryStore):
         super().__init__()
         self.refuse_jobs = False
 
-    def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
+    def put_jobs(self, cluster: str, jobs: Sequence[Job]) -> int:
         if self.refuse_jobs:
-            raise InvalidInput("planted: job_changes refused")
-        return super().job_changes(cluster, since, limit)
+            raise InvalidInput("planted: put_jobs refused")
+        return super().put_jobs(cluster, jobs)
 
 
 async def _until(
@@ -173,7 +174,7 @@ async def test_an_activity_error_nothing_handles_fails_the_task_not_the_workflow
         await fc.register_nodes([node("n1")])
         await fc.submit_job(job("web", replicas=1))
         store.refuse_jobs = True
-        await fc.submit_job(job("other"), wait=False)  # the pass then loads job changes
+        await fc.submit_job(job("other"), wait=False)  # the pass then writes it
 
         stuck = await _until(
             lambda: watchdog.diagnose(dev_env.client, fc.workflow_id),
@@ -181,7 +182,7 @@ async def test_an_activity_error_nothing_handles_fails_the_task_not_the_workflow
             "the failed workflow task",
         )
         assert stuck is not None and stuck.cause == watchdog.ACTIVITY_FAILED, stuck
-        assert f"{ac.ACT_JOB_CHANGES}: InvalidInput: planted: job_changes refused" in stuck.line
+        assert f"{ac.ACT_WRITE_JOBS}: InvalidInput: planted: put_jobs refused" in stuck.line
         desc = await fc.handle().describe()
         assert desc.status == WorkflowExecutionStatus.RUNNING
         failed = [
@@ -191,7 +192,7 @@ async def test_an_activity_error_nothing_handles_fails_the_task_not_the_workflow
         ]
         assert failed, "no WorkflowTaskFailed in the history"
         assert failed[-1].application_failure_info.type == "LoopActivityFailed"
-        assert "planted: job_changes refused" in failed[-1].message
+        assert "planted: put_jobs refused" in failed[-1].message
         assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED not in await _event_types(fc)
 
 

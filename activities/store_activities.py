@@ -19,7 +19,9 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from forge.stores import ApplyResult, Fence, JobPage, StaleFenceError, Store, StoreError
+from forge.core.models import TaskGroup
+from forge.stores import ApplyResult, Fence, StaleFenceError, Store, StoreError
+from forge.stores.base import JobChange
 from forge.wire import errors
 from forge.wire.activity_contract import (
     ACT_FENCE,
@@ -38,6 +40,8 @@ from forge.wire.activity_contract import (
     GroupSpecIn,
     GroupSpecOut,
     JobChangesIn,
+    JobRow,
+    JobsPage,
     MetricsIn,
     MetricsOut,
     NodesPage,
@@ -81,6 +85,28 @@ def within_bytes(items: list[_Item], size: Callable[[_Item], int], budget: int =
         if total > budget and i:
             return i
     return len(items)
+
+
+def compact_jobs(changes: list[JobChange], revision: int, more: bool) -> JobsPage:
+    """Job changes as a page that lists each distinct group spec once."""
+    index: dict[str, int] = {}
+    groups: list[TaskGroup] = []
+    rows: list[JobRow] = []
+    for ch in changes:
+        job = ch.job
+        if job is None:
+            rows.append((ch.revision, ch.job_id, None, 0, []))
+            continue
+        idx = []
+        for g in job.groups:
+            key = g.model_dump_json()
+            at = index.get(key)
+            if at is None:
+                at = index[key] = len(groups)
+                groups.append(g)
+            idx.append(at)
+        rows.append((ch.revision, ch.job_id, job.name, job.priority, idx))
+    return JobsPage(groups=groups, rows=rows, revision=revision, more=more)
 
 
 def _json_len(item: BaseModel) -> int:
@@ -166,13 +192,14 @@ class StoreActivities:
 
     @activity.defn(name=ACT_JOB_CHANGES)
     @heartbeating
-    def job_changes(self, req: JobChangesIn) -> JobPage:
+    def job_changes(self, req: JobChangesIn) -> JobsPage:
         page = self.store.job_changes(req.cluster, req.since, req.limit)
         keep = within_bytes(page.changes, _json_len)
-        if keep == len(page.changes):
-            return page
-        changes = page.changes[:keep]
-        return JobPage(changes=changes, revision=changes[-1].revision, more=True)
+        changes, revision, more = page.changes, page.revision, page.more
+        if keep < len(changes):
+            changes = changes[:keep]
+            revision, more = changes[-1].revision, True
+        return compact_jobs(changes, revision, more)
 
     @activity.defn(name=ACT_WRITE_JOBS)
     @heartbeating

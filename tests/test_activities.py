@@ -40,12 +40,37 @@ def test_job_pages_are_cut_by_bytes_and_resume_where_they_stopped() -> None:
         page = env.run(acts.job_changes, JobChangesIn(cluster="c", since=since, limit=500))
         pages += 1
         assert len(page.model_dump_json()) <= PAGE_BYTES + 128 * 1024
-        seen.extend(ch.job_id for ch in page.changes)
+        seen.extend(job_id for job_id, _ in page.jobs())
         since = page.revision
         if not page.more:
             break
     assert pages >= 4
     assert seen == [j.id for j in jobs]  # each once, in revision order
+
+
+def test_a_job_page_lists_each_group_once_and_rebuilds_the_jobs_it_held() -> None:
+    store = MemoryStore()
+    web = Job.model_validate(
+        {"name": "web0", "groups": [{"name": "api", "tasks": [{"name": "t", "env": {"A": "1"},
+         "resources": {"cpu": 500, "memory": 256}}]}]}
+    )  # fmt: skip
+    jobs = [web.model_copy(update={"id": f"web{i}", "name": f"web{i}"}) for i in range(5)]
+    other = Job.model_validate(
+        {"name": "db", "priority": 90, "groups": [{"name": "main", "tasks": [{"name": "t",
+         "resources": {"cpu": 1000, "memory": 1024}}]}]}
+    )  # fmt: skip
+    store.put_jobs("c", [*jobs, other])
+    store.delete_job("c", "web3")
+    page = ActivityEnvironment().run(
+        StoreActivities(store).job_changes, JobChangesIn(cluster="c", since=0, limit=500)
+    )
+    wire = type(page).model_validate_json(page.model_dump_json())  # as the workflow reads it
+    assert len(wire.groups) == 2  # five jobs of one shape, one of another
+    got = dict(wire.jobs())
+    assert got.pop("web3") is None
+    assert got == {j.id: j for j in [*jobs, other] if j.id != "web3"}
+    assert got["web0"].groups[0] is got["web4"].groups[0]  # one object: one version digest
+    assert got["db"].priority == 90
 
 
 def test_node_pages_are_cut_by_bytes() -> None:

@@ -65,7 +65,7 @@ def test_the_governor_freezes_what_exists_so_collections_skip_it(unfrozen: None)
 
 
 def test_frozen_cyclic_garbage_is_freed_once_the_frozen_set_has_doubled(unfrozen: None) -> None:
-    governor = worker.GcGovernor(grow=2.0, floor=1_000)
+    governor = worker.GcGovernor(grow=2.0, floor=1_000, interval=0.0)
     cycles = [_Cycle() for _ in range(5_000)]
     probe = weakref.ref(cycles[0])
     governor.step()  # frozen while alive

@@ -37,7 +37,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from forge.stores.base import ApplyResult, JobPage
+    from forge.stores.base import ApplyResult
     from forge.wire import activity_contract as ac
     from forge.wire import contract as c
     from forge.wire import errors
@@ -181,8 +181,10 @@ async def snapshot_assignments(inp: ac.PageIn) -> ac.AssignmentRows:
     return await _call(ac.ACT_SNAPSHOT_ASSIGNMENTS, inp, ac.AssignmentRows, "load bindings")
 
 
-async def job_changes(inp: ac.JobChangesIn) -> JobPage:
-    return await _call(ac.ACT_JOB_CHANGES, inp, JobPage, f"load jobs since revision {inp.since}")
+async def job_changes(inp: ac.JobChangesIn) -> ac.JobsPage:
+    return await _call(
+        ac.ACT_JOB_CHANGES, inp, ac.JobsPage, f"load jobs since revision {inp.since}"
+    )
 
 
 async def write_jobs(inp: ac.WriteJobsIn) -> ac.WriteJobsOut:

@@ -77,10 +77,10 @@ async def load_jobs(st: LoopState) -> None:
         page = await acts.job_changes(
             ac.JobChangesIn(cluster=st.cluster, since=st.jobs_revision, limit=st.opts.job_page)
         )
-        for ch in page.changes:
+        for job_id, job in page.jobs():
             if not full:
-                st.job_changed(ch.job_id, ch.job)
-            put_job(st, jobs, ch.job_id, ch.job)
+                st.job_changed(job_id, job)
+            put_job(st, jobs, job_id, job)
         st.jobs_revision = max(st.jobs_revision, page.revision)
         if not page.more:
             break

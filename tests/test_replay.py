@@ -24,9 +24,9 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.core import plan, queue, reconcile, rolling
+from forge.core import queue, reconcile, rolling
 from forge.core.models import Job
-from forge.core.placement import eligible, scorers, select
+from forge.core.placement import NodeAlloc, eligible, scorers, select
 from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
 from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
@@ -61,6 +61,13 @@ async def test_recorded_history_replays(path: Path) -> None:
 # -- unpatched changes ----------------------------------------------------------------------
 def _priority_reversed(job: Job, version: int) -> queue.SortKey:
     return (job.priority, version >= 2 and not queue.asks_gpu(job), job.id)
+
+
+_ORIGINAL_MATCHING = NodeAlloc.matching_gpus
+
+
+def _devices_reversed(self: NodeAlloc, req: Any, *, free_only: bool) -> list[int]:
+    return _ORIGINAL_MATCHING(self, req, free_only=free_only)[::-1]
 
 
 class _Desc(str):
@@ -107,7 +114,7 @@ CHANGES: dict[str, list[tuple[object, str, object]]] = {
         (reconcile, "sort_key", _ties_reversed),
         (queue, "sort_key", _ties_reversed),
     ],
-    "GPU reservation halved": [(plan, "DEFAULT_GPU_RESERVE", 500)],
+    "GPU devices taken last first": [(NodeAlloc, "matching_gpus", _devices_reversed)],
     "scorer: spread instead of binpack": [
         (select, "scorers_for", lambda algorithm, **kw: scorers.scorers_for("spread")),
         (select, "_fast_scorer", lambda chain: None),

@@ -48,6 +48,7 @@ from bench.e2e import (
     poll,
     stored_count,
     summary,
+    until_converged,
 )
 from bench.pending import gpu_exhausted, pending_heavy, write_csv
 from forge.client.client import ensure_search_attributes
@@ -141,22 +142,7 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
     returned, said = await runner
     submit_done = time.perf_counter()
 
-    async def tried_all() -> tuple[int, int] | None:
-        doc = await fc.published()
-        if doc is None or doc.summary.desired != total or doc.deferred:
-            return None
-        return doc.summary.bound, doc.summary.pending
-
-    last = await poll(tried_all, lambda r: r is not None, limit=1800, every=0.25)
-    converged = time.perf_counter() - t0
-    while True:
-        await asyncio.sleep(2.0)  # a steadiness check, not synchronisation
-        now = await tried_all()
-        if now == last:
-            break
-        last = now
-    assert last is not None
-    bound, pending = last
+    bound, pending, converged = await until_converged(fc, total, t0, limit=1800, every=0.25)
     store = SqliteStore(db)
     await check_invariants(fc, store, bound)
 

@@ -363,6 +363,30 @@ async def converged(fc: ForgeClient, db: Path, n: int) -> bool:
     return stored_count(db, fc.cluster) == n
 
 
+async def until_converged(
+    fc: ForgeClient, total: int, t0: float, *, limit: float, every: float
+) -> tuple[int, int, float]:
+    """Wait until every replica was tried (nothing deferred) and the bound count is
+    steady; (bound, pending, seconds since ``t0`` until first tried)."""
+
+    async def tried_all() -> tuple[int, int] | None:
+        doc = await fc.published()
+        if doc is None or doc.summary.desired != total or doc.deferred:
+            return None
+        return doc.summary.bound, doc.summary.pending
+
+    last = await poll(tried_all, lambda r: r is not None, limit=limit, every=every)
+    seconds = time.perf_counter() - t0
+    while True:
+        await asyncio.sleep(2.0)  # a steadiness check, not synchronisation
+        now = await tried_all()
+        if now == last:
+            break
+        last = now
+    assert last is not None
+    return last[0], last[1], seconds
+
+
 async def cold_start(env: Env, nodes: int, replicas: int, jobs: int) -> dict[str, Any]:
     name = f"cold-{nodes}-{replicas}"
     db = env.work / f"{name}.db"
@@ -403,23 +427,7 @@ async def pending_run(
     await submit_all(fc, w.jobs)
     submitted = time.perf_counter() - t0
 
-    async def tried_all() -> tuple[int, int] | None:
-        doc = await fc.published()
-        if doc is None or doc.summary.desired != total or doc.deferred:
-            return None
-        return doc.summary.bound, doc.summary.pending
-
-    # converged: every replica tried (nothing deferred), the bound count steady
-    last = await poll(tried_all, lambda r: r is not None, limit=1200, every=0.5)
-    seconds = time.perf_counter() - t0
-    while True:
-        await asyncio.sleep(2.0)  # a steadiness check, not synchronisation
-        now = await tried_all()
-        if now == last:
-            break
-        last = now
-    assert last is not None
-    bound, pending = last
+    bound, pending, seconds = await until_converged(fc, total, t0, limit=1200, every=0.5)
     await check_invariants(fc, store, bound)
     hist = await history_stats(env.client, fc.workflow_id)
     store.close()

@@ -69,8 +69,10 @@ def test_a_job_page_lists_each_group_once_and_rebuilds_the_jobs_it_held() -> Non
     got = dict(wire.jobs())
     assert got.pop("web3") is None
     assert got == {j.id: j for j in [*jobs, other] if j.id != "web3"}
-    assert got["web0"].groups[0] is got["web4"].groups[0]  # one object: one version digest
-    assert got["db"].priority == 90
+    web0, web4, db = got["web0"], got["web4"], got["db"]
+    assert web0 is not None and web4 is not None and db is not None
+    assert web0.groups[0] is web4.groups[0]  # one object: one version digest
+    assert db.priority == 90
 
 
 def test_node_pages_are_cut_by_bytes() -> None:

@@ -434,9 +434,9 @@ def test_a_usage_sample_of_a_running_replica_does_not_move_the_watch(store: Stor
     assert store.reports_since(C, 1, limit=1) == []  # the watch's own query
     # ... and the samples are still there for the autoscaler and ``forge status``
     assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.4, 0.5))}
-    assert [(r.cpu, r.at, r.node) for r in store.latest_usage(C)] == [
-        (pytest.approx(0.4), 6.0, "n1")
-    ]
+    [latest] = store.latest_usage(C)
+    assert latest.cpu == pytest.approx(0.4)
+    assert (latest.at, latest.node) == (6.0, "n1")
 
 
 def test_a_failed_report_moves_the_watch(store: Store) -> None:
@@ -712,6 +712,7 @@ def _at_version_4(url: str) -> Any:
         from forge.stores.postgres import connect_postgres
 
         conn, schema = connect_postgres(url)
+        assert schema is not None
         conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
         steps, mark = POSTGRES_MIGRATIONS, "%s"
         conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")

@@ -50,3 +50,6 @@ t workflow signal -w "$WF" --name remove_node --input '{"node_id": "cli-node-1"}
 
 say "stop_job (update): release a job's replicas"
 t workflow update execute -w "$WF" --name stop_job --input '{"job_id": "cli-etl"}'
+
+say "loop_budget (signal): the work budget of a pass (the watchdog's, after repeated deadlocks)"
+t workflow signal -w "$WF" --name loop_budget --input '{"max_work": 300000}'

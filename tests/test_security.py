@@ -395,7 +395,9 @@ async def test_the_worker_logs_neither_store_passwords_nor_task_env_values(
         res = await fc.submit_job(secret_job("db", cpu=500))
         assert res.bound == 1
         # a malformed signal carrying the secret (dropped), an unknown node (ignored)
-        await fc.handle().signal(c.SIGNAL_REGISTER_NODE, {"nodes": [{"id": SECRET}]})
+        await fc.handle().signal(
+            c.SIGNAL_REGISTER_NODE, {"nodes": [{"id": "bad-node", "cpu": SECRET, "memory": 1}]}
+        )
         await fc.remove_node(SECRET)
         await fc.register_nodes([node("n2")])
         await eventually(fc.status, lambda s: s.summary.nodes == 2, what="n2 registered")
@@ -410,9 +412,9 @@ async def test_the_worker_logs_neither_store_passwords_nor_task_env_values(
     assert "password=***" in running[0]["store"]
     for secret in (pw1, pw2):
         assert secret not in log, "a store password reached the worker's log"
-    # the dropped signal is logged (a warning naming the problem, not the values);
-    # no env value is logged anywhere
-    assert "dropping register_node signal: nodes.0.cpu: Field required" in log
+    # the dropped node is logged (a warning naming the node and the field, not the
+    # value); no env value is logged anywhere
+    assert "register_node: node dropped: bad-node: cpu:" in log, log[-3000:]
     assert SECRET not in log
 
 

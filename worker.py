@@ -228,6 +228,7 @@ def main() -> int:
     finally:
         # Collect the SDK's objects while the interpreter is whole: at exit they
         # can crash it (temporalio/sdk-python#300).
+        gc.unfreeze()  # frozen objects are never collected: the SDK's must be
         gc.collect()
     return 0
 

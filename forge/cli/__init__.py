@@ -62,5 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # is fully alive. Left to interpreter shutdown, their clean-up can run on a
             # Rust thread during finalisation and abort the process ("PyGILState_Release:
             # thread state must be current"), turning exit 0 into 134 about half the
-            # time (temporalio/sdk-python#300).
+            # time (temporalio/sdk-python#300). Frozen objects (the worker freezes)
+            # are never collected: unfreeze them first.
+            gc.unfreeze()
             gc.collect()

@@ -75,6 +75,17 @@ async def _worker(
             yield
 
 
+def _fresh_cluster(client: Client) -> tuple[str, MemoryStore, ForgeClient]:
+    """A task queue, a memory store and a client for a cluster of its own."""
+    queue = f"wd-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore()
+    fc = ForgeClient(
+        client, cluster=f"wd{uuid.uuid4().hex[:6]}", task_queue=queue,
+        options=default_options(), store=store, search_attributes=False,
+    )  # fmt: skip
+    return queue, store, fc
+
+
 async def _task_failures(client: Client, workflow_id: str, run_id: str | None) -> int:
     """Workflow task failures in the run, the reset's own (which ends the old
     task) excepted."""
@@ -91,12 +102,7 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
     dev_env: WorkflowEnvironment,
 ) -> None:
     client = dev_env.client
-    queue = f"wd-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore()
-    fc = ForgeClient(
-        client, cluster=f"wd{uuid.uuid4().hex[:6]}", task_queue=queue,
-        options=default_options(), store=store, search_attributes=False,
-    )  # fmt: skip
+    queue, store, fc = _fresh_cluster(client)
     # 1. the buggy worker serves the run: the live-only timer enters its history
     async with _worker(client, queue, store, TimerOnlyWhenLive):
         await fc.register_nodes([node("a"), node("b")])
@@ -180,12 +186,7 @@ async def test_a_deadlock_that_repeats_is_reset_with_a_smaller_budget_and_conver
     dev_env: WorkflowEnvironment,
 ) -> None:
     client = dev_env.client
-    queue = f"wd-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore()
-    fc = ForgeClient(
-        client, cluster=f"wd{uuid.uuid4().hex[:6]}", task_queue=queue,
-        options=default_options(), store=store, search_attributes=False,
-    )  # fmt: skip
+    queue, store, fc = _fresh_cluster(client)
     async with _worker(client, queue, store, SlowAtFullBudget):
         await fc.register_nodes([node("a"), node("b")])
         await fc.submit_job(job("web", replicas=2, cpu=1000))

@@ -170,9 +170,12 @@ def next_state(prev: ReplicaState | None, report: TaskReport) -> ReplicaState | 
     binding replaces (a new version on the same node) must not stand in for the new
     process's own start. Any other report is a decision when the store knows
     nothing of the replica yet, when its status or node differ from the last
-    decision, or when it carries a health verdict other than the last one; a
-    repeated ``running`` / ``failed`` (an agent that restarted, a batch sent twice)
-    is not. What is no decision stays in the store (``group_usage`` and
+    decision, or when its health verdict differs from the last one. A ``running``
+    report without a verdict is a process's start (checks not yet run), so after a
+    verdict it is news: it is how a new process on the same node (a new version)
+    is told apart from the one it replaced when a late verdict of the old process
+    arrived after the new binding. A repeated ``running`` / ``failed`` (an agent
+    that restarted, a batch sent twice) is not. What is no decision stays in the store (``group_usage`` and
     ``latest_usage`` read the samples) and never moves the reports sequence the
     watch follows. ``apply_delta`` forgets the state of a replica it releases or
     binds pending, so the first report about a new binding is always a decision.
@@ -183,7 +186,7 @@ def next_state(prev: ReplicaState | None, report: TaskReport) -> ReplicaState | 
         prev is not None
         and prev[0] == report.status
         and prev[1] == report.node
-        and (report.healthy is None or report.healthy == prev[2])
+        and report.healthy == prev[2]
     ):
         return None
     return (report.status, report.node, report.healthy)

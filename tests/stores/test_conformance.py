@@ -462,15 +462,15 @@ def test_a_report_that_repeats_the_known_state_is_not_news(store: Store) -> None
     changes = [
         running.model_copy(update={"at": 3.0, "healthy": False}),
         running.model_copy(update={"at": 4.0, "healthy": False}),  # the same verdict
-        running.model_copy(update={"at": 5.0}),  # no verdict: says nothing of health
+        running.model_copy(update={"at": 5.0}),  # no verdict: a start, checks not run
         running.model_copy(update={"at": 6.0, "healthy": True}),
         running.model_copy(update={"at": 7.0, "status": "exited"}),
         running.model_copy(update={"at": 8.0, "status": "exited"}),
         running.model_copy(update={"at": 9.0, "node": "n2"}),  # moved: running elsewhere
     ]
-    assert store.report(C, changes) == 5
+    assert store.report(C, changes) == 6
     got = store.reports_since(C, 1)
-    assert [r.at for r in got] == [3.0, 6.0, 7.0, 9.0]
+    assert [r.at for r in got] == [3.0, 5.0, 6.0, 7.0, 9.0]
 
 
 def test_releasing_or_binding_pending_makes_the_next_report_news(store: Store) -> None:
@@ -493,6 +493,29 @@ def test_releasing_or_binding_pending_makes_the_next_report_news(store: Store) -
     assert store.report(C, [stale]) == 2
     assert store.report(C, [running.model_copy(update={"at": 4.0})]) == 3
     assert store.report(C, [running.model_copy(update={"at": 5.0})]) == 3
+
+
+def test_a_late_verdict_of_the_replaced_process_does_not_hide_the_new_ones_start(
+    store: Store,
+) -> None:
+    """A rolling update on the same node: the old process's last health verdict,
+    sent before its agent saw the new binding, is stored after it; the new
+    process's start (no verdict yet) and its own verdict must still be news (the
+    watch, ``forge logs`` and the rollout follow them)."""
+    running = TaskReport(workload_id="web/api/0", status="running", at=1.0, node="n1")
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("web", "api", 0)]))
+    store.report(C, [running, running.model_copy(update={"at": 2.0, "healthy": True})])
+    store.apply_delta(C, Fence(1, 2), Delta(bind=[bound("web", "api", 0)]))  # v2, same node
+    late = running.model_copy(update={"at": 2.5, "healthy": True})
+    started = running.model_copy(update={"at": 3.0, "message": "started ports http=9"})
+    checked = running.model_copy(update={"at": 4.0, "healthy": True})
+    assert store.report(C, [late, started, checked]) == 5
+    got = store.reports_since(C, 2)
+    assert [(r.at, r.message, r.healthy) for r in got] == [
+        (2.5, "", True),
+        (3.0, "started ports http=9", None),
+        (4.0, "", True),
+    ]
 
 
 def test_group_usage_averages_each_replicas_latest_report_since(store: Store) -> None:

@@ -175,10 +175,11 @@ def next_state(prev: ReplicaState | None, report: TaskReport) -> ReplicaState | 
     verdict it is news: it is how a new process on the same node (a new version)
     is told apart from the one it replaced when a late verdict of the old process
     arrived after the new binding. A repeated ``running`` / ``failed`` (an agent
-    that restarted, a batch sent twice) is not. What is no decision stays in the store (``group_usage`` and
-    ``latest_usage`` read the samples) and never moves the reports sequence the
-    watch follows. ``apply_delta`` forgets the state of a replica it releases or
-    binds pending, so the first report about a new binding is always a decision.
+    that restarted, a batch sent twice) is not. What is no decision stays in the
+    store (``group_usage`` and ``latest_usage`` read the samples) and never moves
+    the reports sequence the watch follows. ``apply_delta`` forgets the state of a
+    replica it releases or binds pending, so the first report about a new binding
+    is always a decision.
     """
     if report.status == "running" and report.healthy is None and is_usage(report):
         return None

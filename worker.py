@@ -152,8 +152,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
                 metrics=PrometheusConfig(bind_address=f"0.0.0.0:{settings.metrics_port}")
             )
         )
+    keys = settings.encryption_keys()  # the same chain as every client's
     client = await Client.connect(
-        **settings.connect_config(), data_converter=data_converter(), runtime=runtime
+        **settings.connect_config(), data_converter=data_converter(keys), runtime=runtime
     )
     try:
         created = await ensure_search_attributes(client, settings.namespace)
@@ -187,6 +188,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
                 task_queue=settings.task_queue,
                 store=settings.store_url.split("@")[-1],
                 metrics_port=settings.metrics_port or None,
+                encryption=f"key {keys.current} of {keys.ids}" if keys else "off",
             )
             await stop.wait()
             log.info("worker stopping")
@@ -201,6 +203,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
 def main() -> int:
     try:
         settings = Settings.from_env()
+        settings.encryption_keys()  # an unreadable key file: exit 2 before connecting
     except SettingsError as err:
         print(f"forge worker: {err}", file=sys.stderr)
         return 2

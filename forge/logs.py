@@ -22,7 +22,9 @@ from pydantic import BaseModel
 __all__ = ["REDACTED", "configure", "redact"]
 
 REDACTED = "***"
-_SECRET_WORDS = ("password", "secret", "token", "api_key", "apikey", "private_key", "env")
+_SECRET_WORDS = (
+    "password", "secret", "token", "api_key", "apikey", "private_key", "codec_keys", "env",
+)  # fmt: skip
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@/\s]*@")
 _QUERY_SECRET = re.compile(r"(?i)([?&](?:ssl)?(?:password|secret|token|api_key|apikey)=)[^&#\s]*")
 _MAX_DEPTH = 10

@@ -11,8 +11,9 @@ Two sources, each for what it owns:
   the Temporal ones (a deployment that sets both meant the Forge one).
 
 Command-line flags win over both, the environment over defaults. An empty variable
-counts as unset. Credentials (API key, TLS key, gRPC metadata) come only from the
-environment or files and are never part of ``repr`` or a log line.
+counts as unset. Credentials (API key, TLS key, gRPC metadata, payload encryption
+keys, the codec server's token) come only from the environment or files and are
+never part of ``repr`` or a log line.
 
 ``Settings(...)`` is the defaults plus what is passed (tests build it this way);
 only ``Settings.from_env`` reads an environment, the process's or a mapping.
@@ -31,6 +32,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, ClientConnectConfig
 
 from forge.errors import InvalidInput
+from forge.wire.encryption import CodecKeys
 
 __all__ = ["ENV_VARS", "TEMPORAL_ENV_VARS", "Settings", "SettingsError", "load_temporal_profile"]
 
@@ -103,6 +105,24 @@ class Settings(BaseSettings):
         True,
         "worker: freeze long-lived objects out of the collector's sweeps each second",
     )
+    codec_key_file: Path | None = _var(
+        "FORGE_CODEC_KEY_FILE",
+        None,
+        "file of payload encryption keys, `id:base64key` a line, the first current",
+    )
+    codec_keys: str = _var(
+        "FORGE_CODEC_KEYS",
+        "",
+        "payload encryption keys `id:base64key,...` (before the file's; the first is "
+        "current); never logged",
+        repr=False,
+    )
+    codec_token: str = _var(
+        "FORGE_CODEC_TOKEN",
+        "",
+        "`forge codec-server`: the token every request must carry; never logged",
+        repr=False,
+    )
     # -- from envconfig only, no FORGE_* variable ------------------------------------
     temporal_tls: InstanceOf[ClientConfigTLS] | None = Field(default=None, repr=False)
     rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)
@@ -127,6 +147,7 @@ class Settings(BaseSettings):
             raise SettingsError(_explain(err)) from None
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("FORGE_TEMPORAL_TLS_CERT and FORGE_TEMPORAL_TLS_KEY go together")
+        _parse_keys(self.codec_keys, "FORGE_CODEC_KEYS")  # a bad list fails at start-up
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -196,6 +217,26 @@ class Settings(BaseSettings):
             domain=self.tls_server_name or None,
         )
 
+    def encryption_keys(self) -> CodecKeys:
+        """The payload encryption keys: ``FORGE_CODEC_KEYS``, then those of
+        ``FORGE_CODEC_KEY_FILE``; the first is current. Empty: no encryption.
+
+        Read on each call (the file may be rotated); a process reads it once at
+        start-up, so a rotation takes effect as each process restarts."""
+        keys = _parse_keys(self.codec_keys, "FORGE_CODEC_KEYS")
+        if self.codec_key_file is not None:
+            path = self.codec_key_file
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                why = getattr(err, "strerror", None) or str(err)
+                raise SettingsError(f"FORGE_CODEC_KEY_FILE: cannot read {path}: {why}") from None
+            from_file = _parse_keys(text, f"FORGE_CODEC_KEY_FILE {path}")
+            if not from_file:
+                raise SettingsError(f"FORGE_CODEC_KEY_FILE {path}: holds no key")
+            keys = _join_keys(keys, from_file)
+        return keys
+
     def connect_config(self) -> ClientConnectConfig:
         """The keyword arguments of ``Client.connect`` for these settings (the same
         shape ``envconfig``'s ``to_client_connect_config`` returns)."""
@@ -216,7 +257,9 @@ class Settings(BaseSettings):
 
         from forge.wire.codec import data_converter
 
-        return await Client.connect(**self.connect_config(), data_converter=data_converter())
+        return await Client.connect(
+            **self.connect_config(), data_converter=data_converter(self.encryption_keys())
+        )
 
 
 #: Every ``FORGE_*`` variable Forge reads (the README's settings table lists the same).
@@ -259,6 +302,24 @@ def load_temporal_profile(env: Mapping[str, str] | None = None) -> ClientConfigP
         raise SettingsError(f"TEMPORAL_PROFILE={profile!r} in {where}: {err}") from None
 
 
+def _parse_keys(text: str, source: str) -> CodecKeys:
+    try:
+        return CodecKeys.parse(text)
+    except ValueError as err:
+        raise SettingsError(f"{source}: {err}") from None
+
+
+def _join_keys(first: CodecKeys, then: CodecKeys) -> CodecKeys:
+    try:
+        return first + then
+    except ValueError as err:  # one id, two keys
+        raise SettingsError(f"FORGE_CODEC_KEYS and FORGE_CODEC_KEY_FILE: {err}") from None
+
+
+#: Variables whose values are never echoed in an error.
+_SECRET_VARS = ("FORGE_TEMPORAL_API_KEY", "FORGE_CODEC_KEYS", "FORGE_CODEC_TOKEN")
+
+
 def _explain(err: ValidationError) -> str:
     """One line per bad value, each naming the variable it came from."""
     aliases = {n: str(f.validation_alias) for n, f in Settings.model_fields.items()}
@@ -267,6 +328,6 @@ def _explain(err: ValidationError) -> str:
         loc = str(e["loc"][0]) if e["loc"] else ""
         var = aliases.get(loc, loc)
         value = e.get("input")
-        shown = "" if "API_KEY" in var else f"={value!r}"
+        shown = "" if var in _SECRET_VARS else f"={value!r}"
         lines.append(f"{var}{shown}: {e['msg']}")
     return "; ".join(lines)

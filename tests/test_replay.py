@@ -5,7 +5,9 @@ The corpus (tests/histories/, refreshed by `make histories`, see
 tests/record_histories.py): runs recorded on the time-skipping server with the memory
 store, and runs recorded on the real dev server with `worker.py` processes and the
 SQLite and PostgreSQL stores (priority contention, GPUs, failures and reschedules,
-backoff, drains and node loss, autoscaling, continue-as-new).
+backoff, drains and node loss, autoscaling, continue-as-new). It was recorded
+without payload encryption and is replayed through an encrypting converter, as a
+worker with keys would: old histories must stay readable after encryption is on.
 
 Each unpatched change below is planted in-process (the pure functions the workflow
 calls are monkeypatched) and the corpus must refuse to replay: a different plan
@@ -29,6 +31,7 @@ from forge.core.models import Job
 from forge.core.placement import NodeAlloc, eligible, scorers, select
 from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
 from forge.wire.codec import data_converter
+from forge.wire.encryption import CodecKeys, format_key, new_key
 from workflows.cluster import ClusterWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -51,9 +54,14 @@ def test_the_corpus_covers_both_durable_stores_and_every_scenario() -> None:
     assert len(HISTORIES) >= 3
 
 
+#: A worker's converter with encryption on: the corpus was recorded without it (its
+#: payloads are json/plain and binary/zlib), and must replay on a worker that has keys.
+ENCRYPTING = data_converter(CodecKeys.parse(format_key("replay-1", new_key())))
+
+
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 async def test_recorded_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=ENCRYPTING)
     result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 

@@ -40,6 +40,7 @@ from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from forge import cli
 from forge.cli.root import forge as forge_command
@@ -50,9 +51,11 @@ from forge.settings import Settings, SettingsError
 from forge.stores import SqliteStore, Store
 from forge.stores.postgres import PostgresStore, parse_postgres_url
 from forge.wire import contract as c
-from forge.wire.codec import data_converter
+from forge.wire.codec import ZlibCodec, data_converter
+from forge.wire.encryption import ENCRYPTED, KEY_ID, CodecKeyError, format_key, new_key
 from tests.e2e.procs import WorkerProc, eventually
 from tests.workflow.harness import cluster, default_options, node
+from workflows.cluster import ClusterWorkflow
 
 SECRET = f"sk-{uuid.uuid4().hex}"  # an API key / a task env value
 PG_URL = os.environ.get("FORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -133,6 +136,7 @@ def test_the_cli_never_prints_the_api_key(
         ({"job": {"groups": [{"tasks": [{"env": {"PLAIN": SECRET}}]}]}}, SECRET),
         ({"tasks": ({"name": "t", "env": {"X": SECRET}},)}, SECRET),
         ({"settings": {"api_key": SECRET, "address": "h:7233"}}, SECRET),
+        ({"settings": {"codec_keys": f"k1:{SECRET}", "codec_token": SECRET}}, SECRET),
         # in strings: store URLs with a password
         ({"store": f"postgresql://forge:{SECRET}@db:5432/forge"}, SECRET),
         ({"store": f"db:5432/forge?sslmode=require&password={SECRET}"}, SECRET),
@@ -298,28 +302,85 @@ async def test_task_env_values_appear_in_no_query_detail_log_or_cli_output(
     assert any("huge/main/0" in s for s in seen)  # the views were not empty
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known gap: specs travel in update and activity payloads, so task env values are "
-        "in the workflow's history (zlib-compressed, not encrypted) for anyone who can "
-        "read the namespace; an encrypting PayloadCodec would close it"
-    ),
-)
 async def test_task_env_values_are_not_readable_from_history(
     skipping_env: WorkflowEnvironment,
 ) -> None:
-    async with cluster(skipping_env.client) as (fc, _):
-        await fc.submit_job(secret_job("db", cpu=500), wait=False)
-        history = await fc.handle().fetch_history()
-        codec = data_converter().payload_codec
-        assert codec is not None
-        payloads: list[Payload] = []
-        for event in history.events:
-            _payloads_in(event, payloads)
-        assert payloads
-        texts = [p.data.decode(errors="replace") for p in await codec.decode(payloads)]
-        assert not [t for t in texts if SECRET in t]
+    """With a codec key, a job's env values are in the raw history only as
+    ciphertext: fetched without the codec and inflated wherever zlib applies (all
+    one can do without the key), no payload shows them; through the codec with the
+    key they are there, and the history still replays."""
+    target = skipping_env.client.service_client.config.target_host
+    keys_text = format_key("sec-1", new_key())
+    settings = Settings(address=target, codec_keys=keys_text)  # the path every client takes
+    client = await settings.connect()
+    async with cluster(client) as (fc, _):
+        await fc.register_nodes([node("n1", cpu=4000)])
+        res = await fc.submit_job(secret_job("db", cpu=500))  # stored, planned, persisted
+        assert res.bound == 1
+        await fc.handle().signal(
+            c.SIGNAL_REGISTER_NODE,
+            {"nodes": [{"id": "n2", "cpu": 1, "memory": 1, "labels": {"k": SECRET}}]},
+        )
+        await eventually(fc.status, lambda s: s.summary.nodes == 2, what="n2 registered")
+        history = await fc.handle().fetch_history()  # the raw events: no codec applied
+    payloads: list[Payload] = []
+    for event in history.events:
+        _payloads_in(event, payloads)
+    assert len(payloads) > 5
+    assert all(p.metadata["encoding"] == ENCRYPTED for p in payloads), {
+        p.metadata["encoding"] for p in payloads
+    }
+    assert {p.metadata[KEY_ID] for p in payloads} == {b"sec-1"}
+    raw = b"".join(e.SerializeToString() for e in history.events)
+    assert SECRET.encode() not in raw
+    inflated = await ZlibCodec().decode(payloads)  # passes ciphertext through
+    assert not [p for p in inflated if SECRET.encode() in p.SerializeToString()]
+    # a reader without the key is told which key it lacks
+    with pytest.raises(CodecKeyError, match="'sec-1'"):
+        await data_converter().decode(payloads)
+    # with the key: the values are there (the update input, the persisted spec)
+    codec = data_converter(settings.encryption_keys()).payload_codec
+    assert codec is not None
+    texts = [p.data.decode(errors="replace") for p in await codec.decode(payloads)]
+    assert sum(SECRET in t for t in texts) >= 2
+    # and the encrypted history replays with today's code through the same converter
+    replayer = Replayer(
+        workflows=[ClusterWorkflow], data_converter=data_converter(settings.encryption_keys())
+    )
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+
+
+async def test_the_cli_uses_the_configured_keys_and_names_a_missing_one(
+    skipping_env: WorkflowEnvironment,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`forge job run` against workers that encrypt: with FORGE_CODEC_KEYS it works;
+    without it the answer cannot be read, and it says which key to set (exit 2)."""
+    target = skipping_env.client.service_client.config.target_host
+    keys_text = format_key("cli-1", new_key())
+    client = await Settings(address=target, codec_keys=keys_text).connect()
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: web\ngroups:\n- name: g\n  tasks:\n  - name: t\n"
+        f"    env: {{TOKEN: {SECRET}}}\n    resources: {{cpu: 100, memory: 64}}\n"
+    )
+    async with cluster(client) as (fc, _):
+        await fc.register_nodes([node("n1", cpu=4000)])
+        argv = ["job", "run", str(job), "--address", target, "--task-queue", fc.task_queue]
+        argv += ["--cluster", fc.cluster]
+        monkeypatch.delenv("FORGE_CODEC_KEYS", raising=False)
+        monkeypatch.delenv("FORGE_CODEC_KEY_FILE", raising=False)
+        code, output = await forge_cli(capsys, *argv)
+        assert code == 2, output
+        assert "codec key 'cli-1'" in output and "FORGE_CODEC_KEYS" in output
+        assert "Traceback" not in output and SECRET not in output
+        monkeypatch.setenv("FORGE_CODEC_KEYS", keys_text)
+        code, output = await forge_cli(capsys, *argv)
+        assert code == 0, output
+        assert (await fc.status()).summary.bound == 1
 
 
 def _payloads_in(message: Message, out: list[Payload]) -> None:

@@ -4,12 +4,14 @@ arguments, so no server is needed."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
 from temporalio.service import TLSConfig
 
 from forge.settings import ENV_VARS, Settings, SettingsError, load_temporal_profile
+from forge.wire.encryption import format_key, new_key
 
 SECRET = "sk-test-not-a-real-key"
 
@@ -132,7 +134,7 @@ def test_a_bad_api_key_is_never_echoed() -> None:
 
 
 def test_every_forge_variable_is_declared_once_with_a_description() -> None:
-    assert len(ENV_VARS) == len(set(ENV_VARS)) == 16
+    assert len(ENV_VARS) == len(set(ENV_VARS)) == 19
     assert all(v.startswith("FORGE_") for v in ENV_VARS)
     described = {str(f.validation_alias): f.description for f in Settings.model_fields.values()}
     assert all(described[v] for v in ENV_VARS)
@@ -148,8 +150,10 @@ def test_each_variable_reaches_its_setting(tmp_path: Path) -> None:
         "FORGE_METRICS_PORT": "9100",
         "FORGE_LOG_FORMAT": "json",
         "FORGE_WATCHDOG_SECONDS": "0",
+        "FORGE_CODEC_TOKEN": "t0k",
     }
     s = Settings.from_env(env)
+    assert s.codec_token == "t0k" and "t0k" not in repr(s)
     assert (s.task_queue, s.cluster, s.data_dir) == ("q", "c", tmp_path)
     assert (s.metrics_port, s.log_format, s.watchdog_seconds) == (9100, "json", 0.0)
     assert s.store_url == f"sqlite:///{tmp_path / 'forge.db'}"
@@ -165,3 +169,71 @@ def test_settings_built_in_code_ignore_the_process_environment(
     assert Settings().cluster == "default" and Settings().address == "localhost:7233"
     s = Settings.from_env()
     assert (s.cluster, s.address) == ("from-the-shell", "shell:7233")
+
+
+# ------------------------------------------------------------------ codec keys
+
+
+def _entry(key_id: str) -> str:
+    return format_key(key_id, new_key())
+
+
+def test_codec_keys_come_from_the_variable_then_the_file_the_first_current(
+    tmp_path: Path,
+) -> None:
+    assert not Settings.from_env({}).encryption_keys()  # none: compression only
+    env_a, env_b, file_c = _entry("env-a"), _entry("env-b"), _entry("file-c")
+    path = tmp_path / "codec.key"
+    path.write_text(f"# comment\n{file_c}\n{env_b}\n")  # env-b in both: one key
+    s = Settings.from_env(
+        {"FORGE_CODEC_KEYS": f"{env_a},{env_b}", "FORGE_CODEC_KEY_FILE": str(path)}
+    )
+    keys = s.encryption_keys()
+    assert keys.ids == ["env-a", "env-b", "file-c"] and keys.current == "env-a"
+    assert Settings.from_env({"FORGE_CODEC_KEY_FILE": str(path)}).encryption_keys().current == (
+        "file-c"
+    )
+    for material in (env_a, env_b, file_c):
+        assert material.split(":")[1] not in repr(s) + str(s)
+
+
+def test_a_bad_key_list_stops_the_program_naming_the_variable_not_the_key() -> None:
+    material = base64.b64encode(b"x" * 20).decode()
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"FORGE_CODEC_KEYS": f"k1:{material}"})
+    assert str(err.value).startswith("FORGE_CODEC_KEYS: key 'k1': 20 bytes")
+    assert material not in str(err.value)
+    with pytest.raises(SettingsError) as err:
+        Settings(codec_keys=["k1", material])  # a wrong type: pydantic's message
+    assert "FORGE_CODEC_KEYS" in str(err.value) and material not in str(err.value)
+
+
+@pytest.mark.parametrize("problem", ["missing", "directory", "empty", "bad"])
+def test_an_unusable_key_file_names_the_variable_and_the_file(tmp_path: Path, problem: str) -> None:
+    path = tmp_path / "codec.key"
+    expected = {
+        "missing": "FORGE_CODEC_KEY_FILE: cannot read",
+        "directory": "FORGE_CODEC_KEY_FILE: cannot read",
+        "empty": "holds no key",
+        "bad": "entry 1 is not id:base64key",
+    }[problem]
+    if problem == "directory":
+        path.mkdir()
+    elif problem == "empty":
+        path.write_text("# no keys yet\n")
+    elif problem == "bad":
+        path.write_text("just-a-key-without-an-id\n")
+    s = Settings.from_env({"FORGE_CODEC_KEY_FILE": str(path)})  # read when used, not before
+    with pytest.raises(SettingsError) as err:
+        s.encryption_keys()
+    assert expected in str(err.value) and str(path) in str(err.value)
+
+
+def test_one_key_id_with_two_keys_in_the_variable_and_the_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "codec.key"
+    path.write_text(_entry("k1") + "\n")
+    s = Settings.from_env({"FORGE_CODEC_KEYS": _entry("k1"), "FORGE_CODEC_KEY_FILE": str(path)})
+    with pytest.raises(
+        SettingsError, match="FORGE_CODEC_KEYS and FORGE_CODEC_KEY_FILE: key id 'k1'"
+    ):
+        s.encryption_keys()

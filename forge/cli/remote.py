@@ -213,6 +213,8 @@ async def _run_remote(
     from temporalio.service import RPCError
 
     from forge.client.client import ForgeClient
+    from forge.settings import SettingsError
+    from forge.wire.encryption import CodecKeyError, TamperedPayload
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
     client: Any = await _connect(s, timeout)
@@ -227,6 +229,8 @@ async def _run_remote(
         raise _rpc_failure(err, s) from None
     except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as err:
         raise ForgeError(f"query refused by {fc.workflow_id}: {one_line(str(err))}") from None
+    except (CodecKeyError, TamperedPayload) as err:  # FORGE_CODEC_* do not match the worker's
+        raise SettingsError(f"cannot read the answer of {fc.workflow_id}: {err}") from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         raise Unavailable(
             f"no answer from {fc.workflow_id} in time: is a worker polling task queue "

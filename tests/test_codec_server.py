@@ -25,7 +25,8 @@ from temporalio.converter import DataConverter
 
 from forge.services.codec_server import MAX_BODY, MAX_DECODED, CodecServer, CodecServerConfig
 from forge.wire import contract as c
-from forge.wire.codec import ENCODING, data_converter
+from forge.wire.codec import ENCODING, ENCRYPTED, data_converter
+from forge.wire.encryption import CodecKeys, format_key, new_key
 
 FORGE = str(Path(sys.executable).parent / "forge")
 UI = "http://localhost:8233"
@@ -247,10 +248,78 @@ def test_with_a_token_the_ui_form_and_the_cli_form_are_accepted(locked: CodecSer
     assert request(f"{locked.url}/decode", method="OPTIONS", Origin=UI)[0] == 204
 
 
+# ---------------------------------------------------------------------- encryption
+
+
+KEYS = CodecKeys.parse(format_key("cs-1", new_key()))
+
+
+@pytest.fixture
+def decrypting() -> Iterator[CodecServer]:
+    """A codec server with the keys and a token: the one that reads history."""
+    config = CodecServerConfig(port=0, origins=frozenset({UI}), token="s3cret-token")
+    with CodecServer(config, keys=KEYS) as s:
+        yield s
+
+
+def test_with_keys_decode_turns_an_encrypted_payload_into_plain_json(
+    decrypting: CodecServer,
+) -> None:
+    view = status_view(nodes=20)
+    encrypted = asyncio.run(data_converter(KEYS).encode([view]))
+    assert encrypted[0].metadata["encoding"] == ENCRYPTED
+    status, _, body = request(
+        f"{decrypting.url}/decode", as_json(encrypted), Authorization="Bearer s3cret-token"
+    )
+    assert status == 200, body
+    [plain] = asyncio.run(DataConverter.default.decode(from_json(body)))
+    assert plain == view.model_dump(mode="json")
+    # and /encode encrypts what the UI or the CLI sends (a signal's input)
+    [small] = asyncio.run(DataConverter.default.encode(["node-7"]))
+    status, _, body = request(
+        f"{decrypting.url}/encode", as_json([small]), Authorization="s3cret-token"
+    )
+    [sealed] = from_json(body)
+    assert status == 200 and sealed.metadata["encoding"] == ENCRYPTED
+    assert b"node-7" not in sealed.data
+
+
+def test_with_keys_a_request_without_the_token_gets_no_plaintext(decrypting: CodecServer) -> None:
+    secret = "sk-in-a-payload-0042"
+    encrypted = asyncio.run(data_converter(KEYS).encode([{"env": {"K": secret}}]))
+    given: list[dict[str, str]] = [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "s3cret-tokenX"},
+    ]
+    for headers in given:
+        for action in ("decode", "encode"):
+            url = f"{decrypting.url}/{action}"
+            status, _, reply = request(url, as_json(encrypted), headers=headers)
+            assert status == 401, (action, headers)
+            assert secret not in reply.decode() and "payloads" not in json.loads(reply)
+
+
+def test_without_the_key_a_decode_says_which_key_it_needs(server: CodecServer) -> None:
+    encrypted = asyncio.run(data_converter(KEYS).encode([status_view(nodes=3)]))
+    status, _, reply = request(f"{server.url}/decode", as_json(encrypted))
+    assert status == 400
+    error = json.loads(reply)["error"]
+    assert "CodecKeyError" in error and "'cs-1'" in error and "FORGE_CODEC_KEY_FILE" in error
+
+
 # ------------------------------------------------------------------------- command
 
 
 def _start(argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc, line = _start_line(argv, env)
+    return proc, line.split("listening on ", 1)[1].split()[0]
+
+
+def _start_line(
+    argv: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """The command started, and its first line (where it listens, auth, encryption)."""
     proc = subprocess.Popen(
         [FORGE, "codec-server", *argv],
         stdout=subprocess.PIPE,
@@ -261,7 +330,7 @@ def _start(argv: list[str], env: dict[str, str] | None = None) -> tuple[subproce
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the first line says where it listens
     assert "listening on http://" in line, (line, proc.stderr.read() if proc.stderr else "")
-    return proc, line.split("listening on ", 1)[1].split()[0]
+    return proc, line
 
 
 def test_the_command_serves_until_sigterm_with_a_token_from_a_file(tmp_path: Path) -> None:
@@ -357,3 +426,64 @@ def test_requests_on_one_connection_are_not_held_back_by_delayed_acks(server: Co
         reply.read()
     conn.close()
     assert (time.monotonic() - start) / 20 < 0.025  # ~0.3 ms here; 44 ms with the bug
+
+
+# ------------------------------------------------------- the command, with keys
+
+
+def _keyed_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    import os
+
+    path = tmp_path / "codec.key"
+    path.write_text(format_key("cmd-1", new_key()) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    return {**env, "FORGE_CODEC_KEY_FILE": str(path), **more}
+
+
+def test_an_encrypting_server_off_loopback_without_a_token_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [FORGE, "codec-server", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_keyed_env(tmp_path),
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "not loopback and there is no token" in proc.stderr and "--auth-file" in proc.stderr
+    assert "cmd-1" in proc.stderr and "Traceback" not in proc.stderr
+    assert "listening" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "more"),
+    [
+        (["--host", "0.0.0.0"], {"FORGE_CODEC_TOKEN": "env-token"}),  # a token: fine
+        (["--host", "0.0.0.0", "--allow-no-auth"], {}),  # guarded elsewhere, said so
+        ([], {}),  # loopback (forge dev): this machine's users only
+    ],
+    ids=["token", "allow-no-auth", "loopback"],
+)
+def test_an_encrypting_server_starts_with_a_token_on_loopback_or_when_told(
+    tmp_path: Path, argv: list[str], more: dict[str, str]
+) -> None:
+    proc, line = _start_line(["--port", "0", *argv], _keyed_env(tmp_path, **more))
+    url = line.split("listening on ", 1)[1].split()[0]
+    try:
+        assert request(f"{url}/health", method="GET")[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "encryption: keys cmd-1 (current cmd-1)" in line
+
+
+def test_a_bad_key_file_exits_2_naming_the_variable(tmp_path: Path) -> None:
+    env = _keyed_env(tmp_path)
+    Path(env["FORGE_CODEC_KEY_FILE"]).write_text("cmd-1:not-base64!\n")
+    proc = subprocess.run(
+        [FORGE, "codec-server", "--port", "0"], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert proc.returncode == 2
+    assert "FORGE_CODEC_KEY_FILE" in proc.stderr and "not base64" in proc.stderr

@@ -44,6 +44,10 @@ COMMANDS: Mapping[str, tuple[str, str]] = {
         "forge.cli.services:codec_server_command",
         "serve Temporal's codec protocol so the Web UI and CLI read Forge's payloads",
     ),
+    "codec-key": (
+        "forge.cli.codec_key:codec_key",
+        "make and rotate payload encryption keys (FORGE_CODEC_KEY_FILE)",
+    ),
     "agent": (
         "forge.cli.agent:agent",
         "run a node agent: register this machine, run the replicas bound to it",

@@ -128,10 +128,26 @@ def dev_command(**options: Any) -> int:
     metavar="FILE",
     help=f"require this token in Authorization (default: {codec_server.TOKEN_ENV}, else no auth)",
 )
+@click.option(
+    "--allow-no-auth",
+    is_flag=True,
+    help="with codec keys, serve off loopback without a token (only where something "
+    "else guards the port, e.g. a container port published on the host's loopback)",
+)
 def codec_server_command(
-    host: str, port: int, allow_origin: Sequence[str], auth_file: Path | None
+    host: str,
+    port: int,
+    allow_origin: Sequence[str],
+    auth_file: Path | None,
+    allow_no_auth: bool,
 ) -> int:
-    return codec_server.run(host=host, port=port, allow_origin=allow_origin, auth_file=auth_file)
+    return codec_server.run(
+        host=host,
+        port=port,
+        allow_origin=allow_origin,
+        auth_file=auth_file,
+        allow_no_auth=allow_no_auth,
+    )
 
 
 COMMANDS = [worker, dev_command, codec_server_command]

@@ -26,6 +26,16 @@ Why it is built this way:
   ``FORGE_CODEC_TOKEN``) every ``POST`` must carry ``Authorization: Bearer TOKEN``
   (the UI's form) or the bare token (``temporal --codec-auth TOKEN``). A preflight
   never carries credentials, so it is answered without them.
+- **Decryption only for whom the token admits.** With payload encryption keys
+  (``FORGE_CODEC_KEYS`` / ``FORGE_CODEC_KEY_FILE``, :mod:`forge.wire.encryption`)
+  this server can read every payload of the namespace, so it refuses to start on a
+  non-loopback address without a token: that would hand the plaintext to anyone
+  who reaches the port. On loopback it may run without one: only this machine's
+  users reach it, and ``forge dev`` needs that (the dev server's UI cannot send a
+  static token). On a machine shared with people who must not read the history,
+  give it a token there too.
+  ``--allow-no-auth`` overrides the refusal for a listener that something else
+  guards (a container port published on the host's loopback only).
 - **Bounded work per request.** A body over ``MAX_BODY`` is refused before it is
   read, and one payload may inflate to at most ``MAX_DECODED`` bytes, so a tiny
   zlib bomb cannot take the process down.
@@ -34,7 +44,6 @@ Why it is built this way:
 from __future__ import annotations
 
 import ipaddress
-import os
 import signal
 import sys
 import threading
@@ -52,7 +61,8 @@ from forge.services.codec_http import (
     CodecHTTPServer,
     CodecServerConfig,
 )
-from forge.wire.codec import ZlibCodec
+from forge.wire.codec import codec_chain
+from forge.wire.encryption import CodecKeys
 
 __all__ = [
     "ALLOWED_HEADERS",
@@ -71,7 +81,8 @@ TOKEN_ENV = "FORGE_CODEC_TOKEN"
 DESCRIPTION = f"""\
 Serve Temporal's remote codec protocol (POST /decode, POST /encode) with Forge's
 payload codec, so the Temporal Web UI and `temporal ... --codec-endpoint URL` show
-Forge's compressed payloads as readable JSON. `forge dev` starts one for you.
+Forge's compressed (and, with keys, encrypted) payloads as readable JSON. `forge
+dev` starts one for you.
 
   forge codec-server --allow-origin http://localhost:8233
   temporal workflow query -w forge-cluster-default --name status \\
@@ -80,6 +91,10 @@ Forge's compressed payloads as readable JSON. `forge dev` starts one for you.
 Point the Web UI at it with `temporal server start-dev --ui-codec-endpoint URL`,
 TEMPORAL_CODEC_ENDPOINT for the temporalio/ui image, or the UI's "Codec Server"
 setting. The token for --auth-file may also come from {TOKEN_ENV}.
+
+Decryption keys come from FORGE_CODEC_KEYS / FORGE_CODEC_KEY_FILE, as for the
+worker. With keys, a --host off loopback needs a token (--auth-file or
+{TOKEN_ENV}), or --allow-no-auth when something else guards the port.
 Stops on Ctrl-C or SIGTERM.
 """
 
@@ -88,8 +103,18 @@ class CodecServer:
     """A running codec server. ``with CodecServer(config):`` serves from a thread
     (tests, embedding); :func:`run` serves the ``forge codec-server`` command."""
 
-    def __init__(self, config: CodecServerConfig, codec: PayloadCodec | None = None) -> None:
-        self._server = CodecHTTPServer(config, codec or ZlibCodec(max_decoded=MAX_DECODED))
+    def __init__(
+        self,
+        config: CodecServerConfig,
+        codec: PayloadCodec | None = None,
+        *,
+        keys: CodecKeys | None = None,
+    ) -> None:
+        """``codec`` replaces Forge's chain (tests); else compression, then
+        encryption with ``keys`` (none: compression only), the worker's chain."""
+        self.keys = keys or CodecKeys()
+        codec = codec or codec_chain(self.keys, max_decoded=MAX_DECODED)
+        self._server = CodecHTTPServer(config, codec)
         self._thread: threading.Thread | None = None
 
     @property
@@ -134,11 +159,11 @@ class CodecServer:
 # ------------------------------------------------------------------------- command
 
 
-def _token(path: Path | None) -> str:
+def _token(path: Path | None, from_env: str) -> str:
     from forge.settings import SettingsError
 
     if path is None:
-        return os.environ.get(TOKEN_ENV, "").strip()
+        return from_env.strip()
     try:
         token = path.read_text().strip()
     except OSError as err:
@@ -163,17 +188,30 @@ def run(
     port: int = DEFAULT_PORT,
     allow_origin: Iterable[str] = (),
     auth_file: Path | None = None,
+    allow_no_auth: bool = False,
 ) -> int:
     """Entry point from ``forge codec-server`` (the flags are defined in
     :mod:`forge.cli.services`); serves until SIGINT/SIGTERM."""
+    from forge.settings import Settings, SettingsError
+
+    settings = Settings.from_env()  # SettingsError -> exit 2 in forge.cli
+    keys = settings.encryption_keys()
     config = CodecServerConfig(
         host=host,
         port=port,
         origins=frozenset(allow_origin),
-        token=_token(auth_file),  # SettingsError -> exit 2 in forge.cli
+        token=_token(auth_file, settings.codec_token),
     )
+    exposed = not _is_loopback(config.host) and not config.token
+    if keys and exposed and not allow_no_auth:
+        raise SettingsError(
+            f"codec-server: --host {config.host} is not loopback and there is no token, "
+            f"so anyone who reaches the port could decrypt Forge's payloads (codec keys "
+            f"{', '.join(keys.ids)}); pass --auth-file FILE (or set {TOKEN_ENV}), listen on "
+            "127.0.0.1, or add --allow-no-auth if something else guards the port"
+        )
     try:
-        server = CodecServer(config)
+        server = CodecServer(config, keys=keys)
     except OSError as err:
         where = f"{config.host}:{config.port}"
         hint = "; pick another with --port" if err.errno in (98, 48) else ""
@@ -190,12 +228,13 @@ def run(
         server.start()
         origins = ", ".join(sorted(config.origins)) or "none (CLI only)"
         auth = "token required" if config.token else "none"
+        crypt = f"keys {', '.join(keys.ids)} (current {keys.current})" if keys else "off"
         print(
             f"forge codec-server: listening on {server.url} (POST /decode, /encode); "
-            f"browser origins: {origins}; auth: {auth}",
+            f"browser origins: {origins}; auth: {auth}; encryption: {crypt}",
             flush=True,
         )
-        if not _is_loopback(config.host) and not config.token:
+        if exposed:
             print(
                 f"forge codec-server: warning: listening on {config.host} without a token; "
                 f"anyone who reaches port {server.port} can use the codec",

@@ -102,6 +102,31 @@ def test_the_ui_decodes_through_the_codec_server_the_browser_can_reach() -> None
     assert args["port"] == 8081 and args["host"] == "0.0.0.0"
     assert f"http://localhost:{_ports('temporal-ui')[8080]}" in args["allow_origin"]
     assert codec["image"] == SERVICES[WORKERS[0]]["image"]  # the image has `forge`
+    # it decrypts without a token only because its port is on the host's loopback
+    assert args["allow_no_auth"] and not args["auth_file"]
+
+
+def test_every_temporal_client_gets_the_key_the_one_shot_service_makes() -> None:
+    """Workers, the agent and the codec server read one key file, made once on a
+    volume they mount read-only, and start only after it exists."""
+    from forge.cli.codec_key import codec_key
+
+    maker = SERVICES["codec-key"]
+    assert maker["command"][:3] == ["forge", "codec-key", "new"]
+    params = codec_key.commands["new"].make_context("new", maker["command"][3:]).params
+    path = str(params["path"])
+    assert params["if_missing"]  # a second `up` must not add a key
+    assert maker["restart"] == "no"
+    [volume] = [v for v in maker["volumes"] if path.startswith(v.split(":")[1] + "/")]
+    name, where = volume.split(":")[:2]
+    assert name in COMPOSE["volumes"]
+    for service in [*WORKERS, "forge-agent-1", "codec"]:
+        svc = SERVICES[service]
+        env = {k: str(v) for k, v in svc["environment"].items()}
+        assert env["FORGE_CODEC_KEY_FILE"] == path, service
+        assert Settings.from_env(env).codec_key_file == Path(path)
+        assert f"{name}:{where}:ro" in svc["volumes"], service
+        assert svc["depends_on"]["codec-key"]["condition"] == "service_completed_successfully"
 
 
 def test_the_agent_runs_forge_agent_against_the_workers_temporal_queue_and_store() -> None:

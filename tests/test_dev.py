@@ -8,6 +8,7 @@ import queue
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import IO
 import pytest
 
 from forge.services.dev import DevError, DevOptions, _codec_port, port_in_use
+from forge.wire.encryption import format_key, new_key
 from tests.agent.helpers import kill_tasks, task_processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,9 +208,30 @@ def test_the_dev_worker_ignores_the_callers_temporal_credentials_and_profiles(
         "TEMPORAL_GRPC_META_AUTHORIZATION": "Bearer x",
         "FORGE_TEMPORAL_API_KEY": "sk-forge",
         "FORGE_TEMPORAL_TLS": "1",
+        "FORGE_CODEC_KEYS": format_key("prod-1", new_key()),
+        "FORGE_CODEC_TOKEN": "prod-token",
     }.items():
         monkeypatch.setenv(var, value)
     opts = DevOptions(7233, 8233, None, tmp_path / "data", "c", "q", False, True, 5.0)
     assert Settings.from_env().address == "cloud:7233"  # the caller's own settings
-    connect = Settings.from_env(_worker_env(opts, "localhost:7233")).connect_config()
+    env = _worker_env(opts, "localhost:7233")
+    connect = Settings.from_env(env).connect_config()
     assert connect == {"target_host": "localhost:7233", "namespace": "default", "tls": False}
+    # the dev key file replaces the caller's keys (for another server)
+    assert env["FORGE_CODEC_KEY_FILE"] == str(tmp_path / "data" / "codec.key")
+    assert "FORGE_CODEC_KEYS" not in env and "FORGE_CODEC_TOKEN" not in env
+
+
+def test_the_dev_key_is_made_once_owner_only_and_reused(tmp_path: Path) -> None:
+    from forge.services.dev import dev_keys
+
+    data = tmp_path / "data"
+    first = dev_keys(data)
+    path = data / "codec.key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert first.current is not None and len(first.get(first.current) or b"") == 32
+    again = dev_keys(data)  # the next start: the same key, so the history stays readable
+    assert again == first
+    path.write_text("# emptied by hand\n")
+    with pytest.raises(DevError, match="holds no key"):
+        dev_keys(data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -34,7 +35,7 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 
-from forge.wire.codec import ENCODING
+from forge.wire.encryption import ENCRYPTED, KEY_ID, CodecKeys
 from tests.cdp import Browser, chromium_binary
 
 pytestmark = pytest.mark.slow
@@ -201,8 +202,15 @@ def test_readme_documents_every_signal_and_update_with_a_command_the_script_runs
 
 
 def test_the_forge_cli_drives_the_same_cluster(dev: Dev) -> None:
-    # the worker's store: status reads what the loop publishes there
-    env = {**_env(), "FORGE_TEMPORAL_ADDRESS": dev.address, "FORGE_DATA_DIR": str(dev.data)}
+    # the worker's store: status reads what the loop publishes there; the dev key,
+    # as the banner's export line says
+    env = {
+        **_env(),
+        "FORGE_TEMPORAL_ADDRESS": dev.address,
+        "FORGE_DATA_DIR": str(dev.data),
+        "FORGE_CODEC_KEY_FILE": str(dev.data / "codec.key"),
+    }
+    assert f"FORGE_CODEC_KEY_FILE={dev.data / 'codec.key'}" in "".join(dev.out)
     forge = str(BIN / "forge")
     for argv in (
         [forge, "node", "add", "--file", "examples/nodes.yaml"],
@@ -239,10 +247,11 @@ def _persist_inputs(history: dict[str, Any]) -> dict[int, Payload]:
     return out
 
 
-def _compressed_persists(dev: Dev) -> dict[int, dict[str, Any]]:
-    """event id -> decoded input, for the persists Forge compressed."""
+def _encoded_persists(dev: Dev) -> dict[int, dict[str, Any]]:
+    """event id -> decoded input, for the persists Forge encoded (compressed if big
+    enough, then encrypted: `forge dev` encrypts with its key)."""
     raw = json.loads(dev.temporal("workflow", "show", "-w", WF, "-o", "json", codec=False))
-    packed = {i for i, p in _persist_inputs(raw).items() if p.metadata["encoding"] == ENCODING}
+    packed = {i for i, p in _persist_inputs(raw).items() if p.metadata["encoding"] == ENCRYPTED}
     decoded = _persist_inputs(json.loads(dev.temporal("workflow", "show", "-w", WF, "-o", "json")))
     return {i: json.loads(decoded[i].data) for i in sorted(packed)}
 
@@ -261,7 +270,7 @@ def _big_persist(dev: Dev, prefix: str) -> tuple[int, dict[str, Any]]:
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while True:
-        for event_id, persisted in _compressed_persists(dev).items():
+        for event_id, persisted in _encoded_persists(dev).items():
             if any(n["id"] == f"{prefix}-0" for n in persisted["nodes_upsert"]):
                 return event_id, persisted
         assert time.monotonic() < deadline, f"no compressed persist of the {prefix} nodes"
@@ -270,10 +279,11 @@ def _big_persist(dev: Dev, prefix: str) -> tuple[int, dict[str, Any]]:
 
 def test_temporal_show_and_metadata_decode_what_forge_compressed(dev: Dev) -> None:
     _big_persist(dev, "show")
-    packed = _compressed_persists(dev)
+    packed = _encoded_persists(dev)
     assert packed and all(i["cluster"] == "default" and "pass_no" in i for i in packed.values())
     decoded = json.loads(dev.temporal("workflow", "show", "-w", WF, "-o", "json"))
     assert "YmluYXJ5L3psaWI=" not in json.dumps(decoded)  # base64 of binary/zlib
+    assert "YmluYXJ5L2VuY3J5cHRlZA==" not in json.dumps(decoded)  # of binary/encrypted
     inputs = [json.loads(p.data) for p in _persist_inputs(decoded).values()]
     assert any(i["bind"] for i in inputs)
 
@@ -285,6 +295,34 @@ def test_temporal_show_and_metadata_decode_what_forge_compressed(dev: Dev) -> No
     assert "ClusterWorkflow" in dev.temporal("workflow", "describe", "-w", WF)
 
 
+def _payloads(node: Any) -> list[dict[str, Any]]:
+    """Every payload (``{"metadata", "data"}``) anywhere in a JSON history, but
+    search attributes: the server indexes those, so no codec touches them."""
+    if isinstance(node, list):
+        return [p for item in node for p in _payloads(item)]
+    if not isinstance(node, dict):
+        return []
+    if "metadata" in node and "encoding" in node["metadata"] and "data" in node:
+        return [node]
+    return [p for k, v in node.items() if k != "searchAttributes" for p in _payloads(v)]
+
+
+def test_make_run_encrypts_every_payload_with_the_key_it_made(dev: Dev) -> None:
+    """What `temporal workflow show` gives anyone who can read the namespace but
+    has no codec: ciphertext under the dev key, no job, node or env in clear."""
+    keys = CodecKeys.parse((dev.data / "codec.key").read_text())
+    assert "encrypted: with key " + str(keys.current) in "".join(dev.out)
+    text = dev.temporal("workflow", "show", "-w", WF, "-o", "json", codec=False)
+    payloads = _payloads(json.loads(text))
+    assert len(payloads) > 20
+    encodings = {base64.b64decode(p["metadata"]["encoding"]) for p in payloads}
+    assert encodings == {ENCRYPTED}, encodings
+    ids = {base64.b64decode(p["metadata"][KEY_ID]).decode() for p in payloads}
+    assert ids == {keys.current}
+    for clear in ("plain-cpu-1", "cli-batch", "nodes_upsert", '"V": "2"'):
+        assert clear not in text  # names the plain client and the CLI script sent
+
+
 async def test_a_default_converter_client_reads_forge_payloads_through_decode(dev: Dev) -> None:
     await asyncio.to_thread(_big_persist, dev, "plain")
     client = await Client.connect(dev.address)  # Temporal's default data converter
@@ -294,9 +332,9 @@ async def test_a_default_converter_client_reads_forge_payloads_through_decode(de
         for e in history.events
         if e.activity_task_scheduled_event_attributes.activity_type.name == "forge.persist"
     ]
-    packed = [p for p in payloads if p.metadata["encoding"] == ENCODING]
+    packed = [p for p in payloads if p.metadata["encoding"] == ENCRYPTED]
     assert packed
-    with pytest.raises(Exception, match="binary/zlib"):
+    with pytest.raises(Exception, match="binary/encrypted"):
         await DataConverter.default.decode(packed)
 
     body = json_format.MessageToJson(Payloads(payloads=packed)).encode()
@@ -358,7 +396,7 @@ def test_the_web_ui_shows_details_a_decoded_persist_input_and_the_status_query(
         )
         b.screenshot(shots / "persist.png")
         assert all(s in text for s in shown), text
-        assert "binary/zlib" not in text
+        assert "binary/zlib" not in text and "binary/encrypted" not in text
 
         # the status query, chosen and run from the Queries tab
         b.click_text("Queries")

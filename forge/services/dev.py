@@ -30,12 +30,20 @@ Why it is built this way:
 - **State on disk.** The server's history goes to ``DATA/temporal.db`` and the
   worker's store to ``DATA/forge.db``: stop and start again and the cluster
   carries on where it was.
+- **Encrypted like production, with a key of its own.** ``DATA/codec.key`` is
+  made on the first start (a random key, mode 0600) and reused after, so the
+  history in ``temporal.db`` stays readable across restarts; the worker, the
+  agents, the codec server and ``forge dev``'s own client all get it. The
+  caller's ``FORGE_CODEC_*`` settings are not passed on (they are for another
+  server, like its Temporal credentials), and the codec server listens on
+  loopback without a token, because the dev UI cannot send one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import sys
 from dataclasses import dataclass
@@ -44,6 +52,7 @@ from pathlib import Path
 from forge.cli import output
 from forge.core.models import is_valid_name
 from forge.loaders import InputError
+from forge.services.codec_keys import KeyFileError, add_key, read_keys
 from forge.services.demo import DEMO_AGENTS, DEMO_TIMEOUT, agent_argv, demo, say
 from forge.services.processes import (
     Child,
@@ -60,6 +69,7 @@ from forge.services.processes import (
     wait_for_server,
 )
 from forge.settings import Settings, SettingsError
+from forge.wire.encryption import CodecKeys
 
 __all__ = [
     "DEMO_TIMEOUT",
@@ -73,10 +83,11 @@ __all__ = [
 
 DESCRIPTION = """\
 Run a local Temporal dev server, a Forge codec server (so the Web UI and
-`temporal --codec-endpoint` read Forge's compressed payloads) and a Forge worker,
+`temporal --codec-endpoint` read Forge's encrypted payloads) and a Forge worker,
 and make sure the cluster workflow runs. State lives in DATA (temporal.db:
-workflow history; forge.db: the store; *.log: the children's logs), so a restart
-carries on where it stopped.
+workflow history; forge.db: the store; codec.key: the key the history is
+encrypted with, made on the first start; *.log: the children's logs), so a
+restart carries on where it stopped.
 
 --demo starts three local node agents (demo-1..3) and runs examples/demo/*.yaml
 as real processes: a web job to curl, a job that crashes and is restarted with
@@ -87,6 +98,10 @@ when forge dev stops.
 Otherwise it runs until Ctrl-C or SIGTERM, then stops the worker, the server and
 the codec server.
 """
+
+
+#: The dev key file's name in the data directory.
+KEY_FILE = "codec.key"
 
 
 @dataclass(frozen=True)
@@ -177,6 +192,7 @@ async def _dev(opts: DevOptions) -> int:
         raise DevError(f"cannot create {opts.data_dir}: {err.strerror or err}") from None
 
     codec_port = _codec_port(opts)
+    dev_keys(opts.data_dir)  # made before any child needs it
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -216,7 +232,8 @@ async def _session(
         "--allow-origin", f"http://localhost:{opts.ui_port}",
         "--allow-origin", f"http://127.0.0.1:{opts.ui_port}",
     ]  # fmt: skip
-    codec_env = {k: v for k, v in os.environ.items() if k != "FORGE_CODEC_TOKEN"}
+    codec_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_CODEC_")}
+    codec_env["FORGE_CODEC_KEY_FILE"] = str(key_file(data))
     # (the dev UI cannot send a static token, so the dev codec server takes none)
     say(f"forge dev: starting the codec server on {codec_url} ...")
     children.append(await spawn("the codec server", codec_argv, data / "codec.log", codec_env))
@@ -236,7 +253,8 @@ async def _session(
     children.append(
         await spawn("the Temporal dev server", server_argv, data / "temporal.log", None)
     )
-    client = await race(wait_for_server(address, opts.startup_timeout), stop, children)
+    keys = dev_keys(data)
+    client = await race(wait_for_server(address, opts.startup_timeout, keys), stop, children)
     try:
         await ensure_search_attributes(client, "default")  # an older temporal.db may lack them
     except RPCError as err:
@@ -277,17 +295,21 @@ async def _session(
 def _worker_env(opts: DevOptions, address: str) -> dict[str, str]:
     """The worker's environment: the caller's, pointed at the dev server in plain text.
 
-    Credentials and profiles for another server must not leak in: the FORGE_ TLS
-    and key variables and every Temporal one (``TEMPORAL_API_KEY`` would turn TLS
-    on, a profile in the default config file could too) are replaced by the dev
+    Credentials and profiles for another server must not leak in: the FORGE_ TLS,
+    API key and codec variables (the dev key file replaces the last) and every
+    Temporal one (``TEMPORAL_API_KEY`` would turn TLS on, a profile in the default
+    config file could too) are replaced by the dev key file, the dev
     server's address, ``TEMPORAL_TLS=false`` and a config file that does not exist.
     """
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("FORGE_TEMPORAL_TLS", "FORGE_TEMPORAL_API_KEY", "TEMPORAL_"))
+        if not k.startswith(
+            ("FORGE_TEMPORAL_TLS", "FORGE_TEMPORAL_API_KEY", "FORGE_CODEC_", "TEMPORAL_")
+        )
     }
     env.update(
+        FORGE_CODEC_KEY_FILE=str(key_file(opts.data_dir)),
         FORGE_TEMPORAL_ADDRESS=address,
         FORGE_NAMESPACE="default",
         FORGE_DATA_DIR=str(opts.data_dir),
@@ -302,10 +324,31 @@ def _worker_env(opts: DevOptions, address: str) -> dict[str, str]:
     return env  # FORGE_STORE stays only if the user set it
 
 
+def key_file(data_dir: Path) -> Path:
+    return data_dir / KEY_FILE
+
+
+def dev_keys(data_dir: Path) -> CodecKeys:
+    """The keys of ``DATA/codec.key``, made with one random key if it is missing."""
+    path = key_file(data_dir)
+    try:
+        if not path.exists():
+            add_key(path)
+        keys = read_keys(path)
+    except KeyFileError as err:
+        raise DevError(f"the dev key file: {err}") from None
+    if not keys:
+        raise DevError(f"{path} holds no key: add one with `forge codec-key new {path}`")
+    return keys
+
+
 def _banner(
     opts: DevOptions, address: str, codec_url: str, env: dict[str, str], children: list[Child]
 ) -> None:
-    store = Settings.from_env(env).store_url
+    settings = Settings.from_env(env)
+    store = settings.store_url
+    keys = settings.encryption_keys()
+    keyfile = shlex.quote(env["FORGE_CODEC_KEY_FILE"])
     wid = f"forge-cluster-{opts.cluster}"
     worker = children[-1]
     lines = [
@@ -314,11 +357,13 @@ def _banner(
         f"  Web UI:    http://localhost:{opts.ui_port}/namespaces/default/workflows/{wid}",
         f"  Temporal:  {address} (namespace default), history in {opts.data_dir / 'temporal.db'}",
         f"  codec:     {codec_url} (the Web UI decodes Forge's payloads through it)",
+        f"  encrypted: with key {keys.current} of {keyfile} (keep it with temporal.db)",
         f"  worker:    pid {worker.proc.pid}, task queue {opts.task_queue!r}, store {store}",
         f"  logs:      {opts.data_dir / 'temporal.log'}, {opts.data_dir / 'worker.log'}, "
         f"{opts.data_dir / 'codec.log'}",
         "try, in another terminal:",
-        f"  export FORGE_TEMPORAL_ADDRESS={address} FORGE_CLUSTER={opts.cluster}",
+        f"  export FORGE_TEMPORAL_ADDRESS={address} FORGE_CLUSTER={opts.cluster} "
+        f"FORGE_CODEC_KEY_FILE={keyfile}",
         "  forge node add --file examples/nodes.yaml; forge job run examples/web.yaml; "
         "forge status",
         f"  temporal workflow query --address {address} -w {wid} --name status "

@@ -24,6 +24,8 @@ from forge.errors import Unavailable
 if TYPE_CHECKING:
     from temporalio.client import Client
 
+    from forge.wire.encryption import CodecKeys
+
 __all__ = [
     "STOP_TIMEOUT",
     "Child",
@@ -190,9 +192,10 @@ async def forever() -> None:
     await asyncio.Event().wait()
 
 
-async def wait_for_server(address: str, timeout: float) -> Client:
+async def wait_for_server(address: str, timeout: float, keys: CodecKeys | None = None) -> Client:
     """Poll until the server accepts a client (the dev server takes a few seconds
-    to open its database and create the namespace)."""
+    to open its database and create the namespace); the client encrypts with
+    ``keys``, as the worker does."""
     from temporalio.client import Client
 
     from forge.wire.codec import data_converter
@@ -203,7 +206,7 @@ async def wait_for_server(address: str, timeout: float) -> Client:
     while loop.time() < deadline:
         try:
             return await asyncio.wait_for(
-                Client.connect(address, namespace="default", data_converter=data_converter()),
+                Client.connect(address, namespace="default", data_converter=data_converter(keys)),
                 max(0.1, min(5.0, deadline - loop.time())),
             )
         except (RuntimeError, TimeoutError) as err:

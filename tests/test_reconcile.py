@@ -60,6 +60,7 @@ SIM_RELEASE_REASONS = {
     "node lost",
     "node draining",
     "failed",
+    "preempted",
 }
 
 
@@ -136,6 +137,7 @@ def plan_key(plan: Plan) -> tuple[Any, ...]:
         plan.next_wake,
         plan.deferred,
         plan.desired,
+        [(p.preemptor, p.node, p.victims, p.at) for p in plan.preemptions],
     )
 
 
@@ -375,13 +377,16 @@ def check_plan(inputs: Mapping[str, Any], plan: Plan, *, sim_checks: bool = True
             assert limit_hit and e.not_before == now
             continue
         assert e.not_before > now, f"{w} {e.kind} not tried though due"
-        if e.kind == "backoff":
+        if e.kind == "backoff" and not (limit_hit and plan.preemptions):
+            # (a preemption after the pass's last placement frees room it cannot use)
             grp = group_of(jobs, w)
             want = grp.request()
             for nid, n in nodes.items():
                 assert not can_take(n, final.get(nid, Usage()), want, grp.constraints), (
                     f"{w} left pending but {nid} can take it"
                 )
+
+    check_preemptions(inputs, plan, final)
 
     # next wake: the earliest future not_before (now when some were deferred)
     future = [e.not_before for e in plan.pending.values() if e.kind != "deferred"]
@@ -403,7 +408,82 @@ def check_plan(inputs: Mapping[str, Any], plan: Plan, *, sim_checks: bool = True
                 and w not in failed
                 and b.status is not AssignmentStatus.FAILED
             )
-            assert not must_keep or w in kept, f"{w} released for no reason"
+            victim = (w, "preempted") in plan.released
+            assert not must_keep or w in kept or victim, f"{w} released for no reason"
+
+
+def check_preemptions(inputs: Mapping[str, Any], plan: Plan, final: Mapping[str, Usage]) -> None:
+    """Preemption's rules, from the plan alone: every victim released for exactly
+    one preemptor that is bound to the victims' node; each victim at least
+    ``min_gap`` below its preemptor and within the preemptor's own cap (a replica
+    preempted before may not preempt within min_gap of what preempted it), none
+    preempted again within the cooldown, no preemptor of a ``never`` job; and
+    (invariant 4 with preemption) a replica this pass left pending for want of a
+    node could not have run anywhere even by evicting every allowed victim."""
+    jobs: Mapping[str, Job] = inputs["jobs"]
+    nodes: Mapping[str, Node] = inputs["nodes"]
+    old: Mapping[str, Binding] = inputs["bindings"]
+    failures: Mapping[str, FailureHistory] = inputs["failures"]
+    options: ReconcileOptions = inputs["options"]
+    now: float = inputs["now"]
+    victims = [w for w, why in plan.released if why == "preempted"]
+    if not options.preemption:
+        assert not victims and not plan.preemptions
+        return
+    named = [v for p in plan.preemptions for v in p.victims]
+    assert sorted(named) == sorted(victims), "a victim without its preemptor, or twice"
+    placed = {b.workload_id: b for b in plan.placed}
+
+    def cap(wid: str) -> int:
+        hist = failures.get(wid)
+        limit = jobs[split(wid)[0]].priority - options.min_gap
+        return min(limit, hist.preempted_cap) if hist and hist.preempted_cap else limit
+
+    def cooling(wid: str) -> bool:
+        hist = failures.get(wid)
+        return hist is not None and hist.cooling(now, options.preemption_cooldown)
+
+    for p in plan.preemptions:
+        assert jobs[split(p.preemptor)[0]].preemption != "never"
+        assert p.preemptor in placed and placed[p.preemptor].node == p.node
+        for v in p.victims:
+            assert old[v].node == p.node, "a victim on another node"
+            assert jobs[split(v)[0]].priority <= cap(p.preemptor), "victim too important"
+            assert not cooling(v), f"{v} preempted again within the cooldown"
+            assert plan.pending.get(v) is None or plan.pending[v].reasons[0].startswith(
+                f"preempted by {p.preemptor} at "
+            )
+            assert plan.failures[v].preempted_by == p.preemptor
+    if options.max_work or len(plan.placed) >= options.max_placements:
+        return  # a pass that ran out of budget tries the rest next time
+    kept = {w: b for w, b in old.items() if w in plan.bindings and w not in placed}
+    for w, e in plan.pending.items():
+        if e.kind != "backoff" or e is inputs["pending"].get(w) or w in victims:
+            continue  # waited out an earlier verdict, or preempted (tried next pass)
+        job = jobs[split(w)[0]]
+        if job.preemption == "never" or cap(w) < 1:
+            continue
+        grp = group_of(jobs, w)
+        want = grp.request()
+        for nid, n in nodes.items():
+            used = final.get(nid, Usage())
+            out = [
+                b
+                for v, b in kept.items()
+                if b.node == nid
+                and jobs[b.job].priority <= cap(w)
+                and not cooling(v)
+                and group_of(jobs, v).disruption is None  # (a budget may hold it)
+                and (want.gpu or not b.gpu_ids)  # cpu work never evicts GPU work
+            ]
+            left = Usage(
+                used.cpu - sum(b.cpu for b in out),
+                used.memory - sum(b.memory for b in out),
+                [g for g in used.gpu_ids if g not in {x for b in out for x in b.gpu_ids}],
+            )
+            assert not can_take(n, left, want, grp.constraints), (
+                f"{w} left pending but evicting {len(out)} replicas on {nid} makes room"
+            )
 
 
 def check_determinism(inputs: Mapping[str, Any], plan: Plan, rnd: random.Random) -> None:

@@ -56,7 +56,13 @@ from forge.core.limits import (
     is_valid_name,
 )
 from forge.core.nodes import GpuDevice, Node, NodeState, Taint, Toleration, tolerated
-from forge.core.policies import AutoscalePolicy, DelayFunction, ReschedulePolicy, ScalingPolicy
+from forge.core.policies import (
+    AutoscalePolicy,
+    DelayFunction,
+    DisruptionBudget,
+    ReschedulePolicy,
+    ScalingPolicy,
+)
 from forge.core.rollout import UpdatePolicy
 
 __all__ = [
@@ -83,6 +89,7 @@ __all__ = [
     "Constraint",
     "Cpu",
     "DelayFunction",
+    "DisruptionBudget",
     "Float",
     "GpuDevice",
     "GpuRequest",
@@ -224,7 +231,7 @@ class Constraint(Model):
 
 
 class TaskGroup(Evolving):
-    _new_fields = ("tolerations", "update")
+    _new_fields = ("tolerations", "update", "disruption")
 
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
@@ -236,6 +243,9 @@ class TaskGroup(Evolving):
     #: How a new version replaces running replicas (forge.core.rollout); None keeps
     #: the defaults (UpdatePolicy()) once rolling updates are on.
     update: UpdatePolicy | None = None
+    #: How many replicas preemption may take below ``desired`` at once; None: no
+    #: budget (any replica of a low enough priority may be preempted).
+    disruption: DisruptionBudget | None = None
 
     @model_validator(mode="after")
     def _update_fits(self) -> Self:
@@ -310,10 +320,15 @@ class TaskGroup(Evolving):
         )
 
 
-class Job(Model):
+class Job(Evolving):
+    _new_fields = ("preemption",)
+
     id: Name = Field(default="", validate_default=False)
     name: Name
     priority: Int = Field(default=50, ge=1, le=100)
+    #: ``never``: the job's replicas wait for capacity rather than preempt lower
+    #: priority work (they may still be preempted themselves).
+    preemption: Literal["allowed", "never"] = "allowed"
     groups: tuple[TaskGroup, ...] = Field(min_length=1, max_length=MAX_GROUPS)
 
     @model_validator(mode="before")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forge.core.fields import Evolving
 from forge.core.placement import Binding
 from forge.core.placement.scorers import Algorithm
 
@@ -26,6 +27,7 @@ __all__ = [
     "FailureHistory",
     "PendingEntry",
     "Plan",
+    "Preempted",
     "ReconcileOptions",
 ]
 
@@ -37,7 +39,7 @@ __all__ = [
 DEFAULT_GPU_RESERVE = 1000
 
 
-class ReconcileOptions(BaseModel):
+class ReconcileOptions(Evolving):
     """How a pass places. Every field that changes placement choices defaults to the
     behaviour old workflow histories were made with: the workflow turns new
     behaviour on under ``workflow.patched`` so replay never diverges.
@@ -48,7 +50,7 @@ class ReconcileOptions(BaseModel):
     spread drop the GpuPreserve preference the reservation replaces.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    _new_fields = ("preemption", "min_gap", "preemption_cooldown")
 
     algorithm: Algorithm = "binpack"
     candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
@@ -87,6 +89,21 @@ class ReconcileOptions(BaseModel):
         description="with rollouts: a replica of a group that declares a check counts "
         "healthy only once its check passed (the health given to reconcile)",
     )
+    preemption: bool = Field(
+        default=True,
+        description="a replica that fits nowhere may evict replicas of jobs at least "
+        "min_gap priority points lower (forge.core.preemption); the workflow turns it on "
+        "under a patch, so histories recorded before it replay without",
+    )
+    min_gap: int = Field(
+        default=10, ge=1, le=99, description="priority points a victim is below its preemptor"
+    )
+    preemption_cooldown: float = Field(
+        default=600.0,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="seconds during which a preempted replica is not preempted again",
+    )
 
     @property
     def effective_gpu_reserve(self) -> int:
@@ -110,13 +127,33 @@ class PendingEntry(BaseModel):
     reasons: tuple[str, ...] = ()
 
 
-class FailureHistory(BaseModel):
-    """Recent failures of one replica, for its group's reschedule policy."""
+class FailureHistory(Evolving):
+    """Recent failures of one replica, for its group's reschedule policy, and its
+    last preemption (kept for the cooldown): who preempted it, when, and the
+    priority it may preempt up to since (``preempted_cap``: no cascades)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    _new_fields = ("preempted_at", "preempted_by", "preempted_cap")
 
     times: tuple[float, ...] = ()
     last_node: str = ""
+    preempted_at: float = 0.0
+    preempted_by: str = ""
+    preempted_cap: int = 0
+
+    def cooling(self, now: float, cooldown: float) -> bool:
+        """Preempted within the cooldown: not a victim again yet."""
+        return bool(self.preempted_by) and now < self.preempted_at + cooldown
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """One preemption of a pass: ``preemptor`` bound to ``node`` in place of
+    ``victims`` (workload ids), at ``at``."""
+
+    preemptor: str
+    node: str
+    victims: tuple[str, ...]
+    at: float
 
 
 @dataclass(slots=True)
@@ -135,6 +172,7 @@ class Plan:
     dropped: list[Binding] = field(default_factory=list)  # the bindings ``released`` names
     carry: Carry | None = None  # hand it to the next pass (see Carry)
     rollouts: RolloutPlan | None = None  # with options.rollouts: what rolling decided
+    preemptions: list[Preempted] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:

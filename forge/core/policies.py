@@ -3,15 +3,23 @@ when one fails (reschedule) and when to change how many (autoscale)."""
 
 from __future__ import annotations
 
+import math
+import re
 from enum import StrEnum
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, Strict, model_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from forge.core.fields import Bool, Float, Int, Model, Seconds
 from forge.core.limits import MAX_REPLICAS
 
-__all__ = ["AutoscalePolicy", "DelayFunction", "ReschedulePolicy", "ScalingPolicy"]
+__all__ = [
+    "AutoscalePolicy",
+    "DelayFunction",
+    "DisruptionBudget",
+    "ReschedulePolicy",
+    "ScalingPolicy",
+]
 
 
 class ScalingPolicy(Model):
@@ -28,6 +36,32 @@ class ScalingPolicy(Model):
                 f"desired ({self.desired}) must be within [min, max] = [{self.min}, {self.max}]"
             )
         return self
+
+
+class DisruptionBudget(Model):
+    """How many of a group's replicas voluntary disruptions (preemption) may take
+    below ``desired`` at once (a Kubernetes PodDisruptionBudget's
+    ``maxUnavailable``): a count, or a percentage of ``desired`` rounded up."""
+
+    max_unavailable: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)] | str
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _count_or_percent(cls, value: int | str) -> int | str:
+        if isinstance(value, str) and not (
+            re.fullmatch(r"\d{1,3}%", value) and int(value[:-1]) <= 100
+        ):
+            raise ValueError(
+                f"max_unavailable must be a count or a percentage 0%..100%, got {value!r}"
+            )
+        return value
+
+    def allowed(self, desired: int) -> int:
+        """Replicas that may be unavailable for a group of ``desired``."""
+        value = self.max_unavailable
+        if isinstance(value, int):
+            return value
+        return math.ceil(desired * int(value[:-1]) / 100)
 
 
 class DelayFunction(StrEnum):

@@ -53,6 +53,7 @@ from forge.core.plan import (
     Plan,
     ReconcileOptions,
 )
+from forge.core.preempting import Phase, Wanted
 from forge.core.queue import Queue, SortKey, sort_key
 from forge.core.release import (
     Carry,
@@ -272,6 +273,8 @@ def reconcile(
     # replicas without GPUs refused while the reservation held: tried again if it is
     # lifted later in the pass, so nothing is left pending that fits (invariant 4)
     held_back: list[tuple[str, Job, TaskGroup, int, Request]] = []
+    # replicas that found no node, in placement order: preemption may make room
+    wanted: list[Wanted] = []
     placed_count = 0
     deferred = PendingEntry(
         kind="deferred",
@@ -335,6 +338,8 @@ def reconcile(
             if choice is None:
                 if not req.gpu and placer.reserving:
                     held_back.append((wid, job, g, ordinal, req))
+                if options.preemption:
+                    wanted.append(Wanted(wid, job, g, ordinal, req))
                 attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
                 diagnosis = placer.why_not(req, constraints)
                 said = texts.get(id(diagnosis))
@@ -375,16 +380,40 @@ def reconcile(
         plan.placed.append(b)
         del plan.pending[wid]
         placed_count += 1
+    preempted: set[tuple[str, str]] = set()
+    if wanted and placed_count < options.max_placements:
+        phase = _preemption(plan, carry, cluster, placer, groups, new_failures, options, now)
+        phase.floor = carry.floor if carry is not None else _floor(plan, groups)
+        phase.bound = lambda key: bound_per_group.get(key, 0)
+        left = budget - placer.work - visited if budget else 0
+        phase.run(wanted, max(left, 1) if budget else 0)
+        placed_count += len(plan.preemptions)
+        if plan.preemptions:
+            again = Placer(
+                cluster,
+                algorithm=options.algorithm,
+                candidates=options.candidates,
+                seed=options.seed,
+                version=options.placement_version,
+                workload=workload,
+            )
+            left = budget - placer.work - visited - phase.work if budget else 0
+            room = options.max_placements - placed_count
+            placed_count += phase.refill(wanted, again, room, max(left, 1) if budget else 0)
+        visited += phase.work
+        preempted = phase.preempted_groups
     if deferred_groups:
         _defer_groups(
             plan, deferred_groups, groups, pending, new_failures, just_failed, now, capacity_freed
         )
 
     # failure histories only for replicas that are still desired
+    cooldown = options.preemption_cooldown
     plan.failures = {
         w: h
         for w, h in new_failures.items()
-        if _still_desired(w, groups) and (h.times and h.times[-1] > now - _window(w, groups))
+        if _still_desired(w, groups)
+        and ((h.times and h.times[-1] > now - _window(w, groups)) or h.cooling(now, cooldown))
     }
 
     # 3. when to wake ------------------------------------------------------------------
@@ -402,15 +431,22 @@ def reconcile(
     if carry is None:
         carry = Carry.build(jobs, nodes, cluster, plan.bindings)
         queue.incomplete = _incomplete(groups, carry.by_group, groups)
+        preempted = set()
     else:
         for b in plan.placed:
             carry.add(b.workload_id, b)
+            carry.floor = min(carry.floor, groups[(b.job, b.group)][0].priority)
+        for j in changed_jobs:  # a job's priority may have dropped
+            if j in jobs:
+                carry.floor = min(carry.floor, jobs[j].priority)
         if jobs_changed is None:
             carry.jobs = dict(jobs)
         else:
             carry.take_jobs(jobs, changed_jobs)
         carry.nodes = dict(nodes)
-        queue.incomplete = _incomplete((k for _, k in visit), carry.by_group, groups)
+        keys = [k for _, k in visit]
+        keys.extend(sorted(preempted))  # the victims' groups now miss a replica
+        queue.incomplete = _incomplete(keys, carry.by_group, groups)
     carry.groups = groups
     carry.queue = queue
     if plan.rollouts is not None:
@@ -574,6 +610,51 @@ def _still_desired(
 def _window(wid: str, groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]) -> float:
     job, group, _ = wid.rsplit("/", 2)
     return groups[(job, group)][1].reschedule.interval
+
+
+def _floor(plan: Plan, groups: Groups) -> int:
+    """The lowest job priority among the bindings a pass kept (its placements are
+    no victims): a pass without a carry walks its bindings anyway."""
+    placed = {b.workload_id for b in plan.placed}
+    prios = [
+        groups[(b.job, b.group)][0].priority for w, b in plan.bindings.items() if w not in placed
+    ]
+    return min(prios, default=101)
+
+
+def _preemption(
+    plan: Plan,
+    carry: Carry | None,
+    cluster: Cluster,
+    placer: Placer,
+    groups: Groups,
+    failures: dict[str, FailureHistory],
+    options: ReconcileOptions,
+    now: float,
+) -> Phase:
+    """The pass's preemption phase (forge.core.preempting), wired to the plan."""
+
+    def release(wid: str, b: Binding, reason: str) -> None:
+        plan.released.append((wid, reason))
+        plan.dropped.append(b)
+
+    def bind(job: Job, g: TaskGroup, ordinal: int, b: Binding) -> None:
+        plan.bindings[b.workload_id] = b
+        plan.placed.append(b)
+
+    return Phase(
+        plan=plan,
+        carry=carry,
+        cluster=cluster,
+        placer=placer,
+        groups=groups,
+        failures=failures,
+        options=options,
+        now=now,
+        bound=lambda key: 0,
+        release=release,
+        bind=bind,
+    )
 
 
 def _binding(

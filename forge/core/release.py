@@ -61,6 +61,10 @@ class Carry:
     #: ``roll_check``, the groups of changed jobs and the groups rolling now
     versions_seen: bool = False
     roll_check: set[tuple[str, str]] = field(default_factory=set)
+    #: no binding's job priority is below this (101: no binding): a replica that
+    #: may preempt only below it has no victim anywhere, found without a search.
+    #: It may be lower than the true minimum (releases do not raise it), never higher.
+    floor: int = 101
 
     @classmethod
     def start(
@@ -85,6 +89,8 @@ class Carry:
             assert alloc is not None
             if alloc.hold(b):
                 self.add(wid, b)
+                assert entry is not None
+                self.floor = min(self.floor, entry[0].priority)
                 return
             reason = "node capacity changed"
         self.stale.append((wid, b, reason))
@@ -102,7 +108,9 @@ class Carry:
         for wid, b in bindings.items():
             by_node.setdefault(b.node, {})[wid] = None
             by_group.setdefault((b.job, b.group), {})[wid] = None
-        return cls(dict(jobs), dict(nodes), cluster, bindings, by_node, by_group)
+        made = cls(dict(jobs), dict(nodes), cluster, bindings, by_node, by_group)
+        made.floor = min((jobs[j].priority for j, _ in by_group if j in jobs), default=101)
+        return made
 
     def add(self, wid: str, b: Binding) -> None:
         self.bindings[wid] = b

@@ -252,6 +252,13 @@ class Placer:
             for n in self._eligibility.nodes(req, constraints)
         )
 
+    def eligible(self, req: Request, constraints: tuple[Constraint, ...] = ()) -> list[NodeAlloc]:
+        """The nodes that pass the request's static rules (state, labels, taints,
+        GPU count and model), in the pass's seeded order: where a preemption for it
+        may look. A fresh list; its copy is charged like a class's."""
+        self._work += len(self.cluster) // COPY_PER_UNIT
+        return self._eligibility.nodes(req, constraints)
+
     def lift_reservation(self) -> None:
         """Drop every node's GPU reservation for the rest of the pass (no GPU work
         is waiting for it). The nodes it held back are re-admitted for classes of

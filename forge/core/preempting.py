@@ -1,0 +1,266 @@
+"""The reconcile pass's preemption phase: after placement, each replica that fit
+nowhere (highest priority first) may evict lower-priority replicas
+(:mod:`forge.core.preemption` chooses where and whom).
+
+The victims are released with reason ``preempted`` and the preemptor is bound to
+their node in the same plan, so the store gets both in one fenced delta. A victim
+goes back to pending with its reason ("preempted by JOB/GROUP/N at T") and its own
+backoff; its failure history records the preemption, which keeps it from being
+preempted again within the cooldown and caps what it may preempt itself (no
+cascades). Runs after every ordinary placement of the pass, so the placer's
+"capacity only shrinks within a pass" never sees a node give capacity back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from forge.core.models import Job, Request, TaskGroup
+from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
+from forge.core.plan import FailureHistory, PendingEntry, Plan, Preempted, ReconcileOptions
+from forge.core.preemption import Holder, Search, find
+from forge.core.queue import sort_key
+from forge.core.release import Carry, Groups
+
+__all__ = ["Phase", "Wanted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """A replica placement refused this pass, waiting to try preemption."""
+
+    wid: str
+    job: Job
+    group: TaskGroup
+    ordinal: int
+    req: Request
+
+
+@dataclass(slots=True)
+class Phase:
+    """One pass's preemption: what it may read and what it changes.
+
+    ``bound``: a group's bound count before this pass's placements (so budgets
+    err on the safe side); ``release`` records a released binding in the plan."""
+
+    plan: Plan
+    carry: Carry | None
+    cluster: Cluster
+    placer: Placer
+    groups: Groups
+    failures: dict[str, FailureHistory]
+    options: ReconcileOptions
+    now: float
+    bound: Callable[[tuple[str, str]], int]
+    release: Callable[[str, Binding, str], None]
+    bind: Callable[[Job, TaskGroup, int, Binding], None]
+    work: int = 0
+    #: no bound replica's priority is below this (``Carry.floor``)
+    floor: int = 1
+    preempted_groups: set[tuple[str, str]] = field(default_factory=set)
+    _holders: dict[str, list[Holder]] = field(default_factory=dict)
+    _by_node: dict[str, list[str]] | None = None
+    _spent: dict[tuple[str, str], int] = field(default_factory=dict)
+    _failed: set[tuple[int, int, int]] = field(default_factory=set)
+    _start: int = 0
+    _eligible: dict[tuple[int, int], list[NodeAlloc]] = field(default_factory=dict)
+    _wanted: dict[str, Wanted] = field(default_factory=dict)
+
+    def run(self, wanted: list[Wanted], work_left: int) -> None:
+        """Try each wanted replica in order (the pass's placement order) until the
+        work is spent; those left keep the pending entry placement gave them."""
+        plan = self.plan
+        todo = [w for w in wanted if w.job.preemption != "never"]
+        while todo:
+            # a preemption moves capacity: those that found nothing before the last
+            # one are looked at again (each round binds at least one, so this ends)
+            before_last: list[Wanted] = []
+            since: list[Wanted] = []
+            for w in todo:
+                if work_left and self.work >= work_left:
+                    return
+                if w.wid in plan.bindings:
+                    continue
+                hist = self.failures.get(w.wid)
+                limit = w.job.priority - self.options.min_gap
+                if hist is not None and hist.preempted_cap:
+                    limit = min(limit, hist.preempted_cap)
+                if limit < self.floor:
+                    continue  # nothing bound is low enough to be a victim
+                key = (id(w.req), id(w.group.constraints), limit)
+                if key not in self._failed and self._try(w, limit, key, work_left):
+                    before_last += since
+                    since = []
+                else:  # (a class that found no node since capacity last moved: skipped)
+                    since.append(w)
+            todo = before_last
+
+    def refill(self, wanted: list[Wanted], placer: Placer, room: int, work_left: int) -> int:
+        """After preemptions: place what is still unbound, with a fresh ``placer``
+        over the same cluster (a victim may fit elsewhere, the rest of a freed node
+        may fit other pending work), in order, the victims after the replicas that
+        found no node. At most ``room`` placements; returns how many were made."""
+        order = [w for w in wanted if w.wid not in self.plan.bindings]
+        order += self._victims()
+        made = 0
+        start = placer.work
+        for w in order:
+            if made >= room or (work_left and placer.work - start >= work_left):
+                break
+            hist = self.failures.get(w.wid)
+            choice = placer.place(
+                w.req, w.group.constraints, avoid=hist.last_node if hist else None
+            )
+            if choice is None:
+                continue
+            b = Binding(
+                w.job.id,
+                w.group.name,
+                w.ordinal,
+                choice.node.id,
+                choice.gpu_ids,
+                w.req.cpu,
+                w.req.memory,
+                gpu_milli=w.req.gpu_milli,
+                version=w.group.version if self.options.rollouts else "",
+            )
+            self.bind(w.job, w.group, w.ordinal, b)
+            self.plan.pending.pop(w.wid, None)
+            made += 1
+        self.work += placer.work - start
+        return made
+
+    def _victims(self) -> list[Wanted]:
+        """This pass's victims as replicas to place, in placement order."""
+        out = []
+        for p in self.plan.preemptions:
+            for wid in p.victims:
+                job_id, group, ordinal = wid.rsplit("/", 2)
+                entry = self.groups.get((job_id, group))
+                if entry is not None:
+                    job, g, req = entry
+                    out.append((sort_key(job, self.options.placement_version), wid))
+                    self._wanted[wid] = Wanted(wid, job, g, int(ordinal), req)
+        out.sort(key=lambda x: (x[0], x[1]))
+        return [self._wanted[wid] for _, wid in out]
+
+    def _try(self, w: Wanted, limit: int, key: tuple[int, int, int], work_left: int) -> bool:
+        ekey = (id(w.req), id(w.group.constraints))
+        nodes = self._eligible.get(ekey)
+        if nodes is None:  # (the group's objects live as long as the pass)
+            nodes = self._eligible[ekey] = self.placer.eligible(w.req, w.group.constraints)
+        search = Search(limit=limit, cooling=self._cooling, budget=self._budget)
+        left = max(1, work_left - self.work) if work_left else 0
+        choice, work, self._start = find(
+            w.req, nodes, self._holders_of, search, start=self._start, work_left=left
+        )
+        self.work += work
+        if choice is None:
+            self._failed.add(key)
+            return False
+        node = choice.node
+        for v in choice.victims:
+            self._evict(v, w.wid)
+        gpu_ids = node.allocate(w.req)
+        b = Binding(
+            w.job.id,
+            w.group.name,
+            w.ordinal,
+            node.id,
+            gpu_ids,
+            w.req.cpu,
+            w.req.memory,
+            gpu_milli=w.req.gpu_milli,
+            version=w.group.version if self.options.rollouts else "",
+        )
+        self.bind(w.job, w.group, w.ordinal, b)
+        self.plan.pending.pop(w.wid, None)
+        self._holders.pop(node.id, None)
+        if choice.victims:  # (none: an earlier preemption left room enough here)
+            self.plan.preemptions.append(
+                Preempted(w.wid, node.id, tuple(v.wid for v in choice.victims), self.now)
+            )
+        self._failed.clear()  # capacity moved: other classes may find room now
+        return True
+
+    def _evict(self, v: Holder, by: str) -> None:
+        b = v.binding
+        self.cluster.by_id[b.node].unhold(b)
+        if self.carry is not None:
+            self.carry.drop(v.wid, b)
+        else:
+            del self.plan.bindings[v.wid]
+        self.release(v.wid, b, "preempted")
+        self._spent[v.group] = self._spent.get(v.group, 0) + 1
+        self.preempted_groups.add(v.group)
+        if self._by_node is not None:
+            self._by_node[b.node].remove(v.wid)
+        past = self.failures.get(v.wid, FailureHistory())
+        # what the victim may preempt itself from now on: nothing within min_gap of
+        # the priority that preempted it
+        cap = self._priority_of(by) - self.options.min_gap
+        self.failures[v.wid] = past.model_copy(
+            update={"preempted_at": self.now, "preempted_by": by, "preempted_cap": max(cap, 0)}
+        )
+        when = datetime.fromtimestamp(self.now, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.plan.pending[v.wid] = PendingEntry(
+            kind="backoff",
+            attempts=1,
+            not_before=self.now + self.options.backoff_base,
+            reasons=(f"preempted by {by} at {when}",),
+        )
+
+    def _priority_of(self, wid: str) -> int:
+        job_id, group, _ = wid.rsplit("/", 2)
+        return self.groups[(job_id, group)][0].priority
+
+    # -- what a search reads --------------------------------------------------------
+    def _cooling(self, wid: str) -> bool:
+        hist = self.failures.get(wid)
+        return hist is not None and hist.cooling(self.now, self.options.preemption_cooldown)
+
+    def _budget(self, key: tuple[str, str]) -> int | None:
+        """Replicas of the group preemption may still take this pass (None: no
+        budget): its allowance less what is unavailable already and what this pass
+        preempted."""
+        entry = self.groups.get(key)
+        if entry is None or entry[1].disruption is None:
+            return None
+        desired = entry[1].scaling.desired
+        down = max(0, desired - self.bound(key))
+        return entry[1].disruption.allowed(desired) - down - self._spent.get(key, 0)
+
+    def _holders_of(self, node_id: str) -> list[Holder]:
+        """The replicas bound to a node before this pass placed (placements of this
+        pass are not victims: they have not even started), with their priorities."""
+        found = self._holders.get(node_id)
+        if found is not None:
+            return found
+        bindings = self.plan.bindings
+        if self.carry is not None:
+            wids: Mapping[str, None] | list[str] = self.carry.by_node.get(node_id, {})
+        else:
+            if self._by_node is None:
+                self._by_node = _index(bindings, {b.workload_id for b in self.plan.placed})
+                self.work += len(bindings) // 16
+            wids = self._by_node.get(node_id, [])
+        out = []
+        for wid in wids:
+            b = bindings.get(wid)
+            if b is None:
+                continue
+            entry = self.groups.get((b.job, b.group))
+            if entry is not None:
+                out.append(Holder(wid, b, entry[0].priority))
+        self._holders[node_id] = out
+        return out
+
+
+def _index(bindings: Mapping[str, Binding], skip: set[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for wid, b in bindings.items():
+        if wid not in skip:
+            out.setdefault(b.node, []).append(wid)
+    return out

@@ -28,7 +28,7 @@ import time
 from temporalio import workflow
 
 from workflows import activities as acts
-from workflows import loading
+from workflows import loading, patches
 from workflows.presentation import Presentation, status_json
 from workflows.state import binding_row
 from workflows.watch import StoreWatch
@@ -199,6 +199,8 @@ class ClusterWorkflow(Presentation):
             "health_checks": True,
             "placement_version": 2,
         }
+        if not workflow.patched(patches.PREEMPTION):
+            update["preemption"] = False  # a history recorded before preemption
         if self.st.max_work:  # the watchdog's, after repeated deadlocks
             update.update(max_work=self.st.max_work, pending_units=PENDING_UNITS)
         elif not options.max_work:
@@ -295,6 +297,7 @@ class ClusterWorkflow(Presentation):
         st.pending = plan.pending
         st.deferred = plan.deferred
         st.failures = plan.failures
+        st.preemptions, st.recent_preemptions = st.preemptions_after(plan)
         st.commit_rollouts(plan, status_changed, now, checks=True)
         st.failed = {}
         st.status_updates = {}

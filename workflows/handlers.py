@@ -389,6 +389,7 @@ class Handlers:
             job=st.jobs.get(wid.rsplit("/", 2)[0]),
             nodes=st.nodes.values(),
             bindings=st.bindings.values(),
+            preemptions=st.recent_preemptions,
         )
 
     def _summary(self) -> c.Summary:

@@ -44,12 +44,15 @@ class Presentation(Handlers):
             last_pass_at=None,
             last_pass="",
         )
+        preemptions, recent = st.preemptions_after(plan)
         doc = views.loop_status(
             summary,
             plan.pending,
             deferred=plan.deferred,
             notices=st.notices(),
             state_digest=f"{st.state_after(plan):016x}",
+            preemptions=preemptions,
+            recent_preemptions=recent,
         )
         if plan.rollouts is not None and plan.rollouts.rollouts:
             doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
@@ -75,6 +78,7 @@ class Presentation(Handlers):
             deferred=st.deferred,
             last_pass=st.last_pass,
             notices=st.notices(),
+            preemptions=st.preemptions,
         )
         if st.rollouts:  # rolling updates: each group's target version and why it waits
             text += "\n\nRollouts:\n" + "\n".join(

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.stores.base import STATE_MOD, binding_hash, group_of
     from forge.wire import activity_contract as ac
     from forge.wire import contract as c
+    from forge.wire import views
 
 __all__ = ["LoopState", "binding_from_row", "binding_row", "hash_binding"]
 
@@ -79,6 +80,9 @@ class LoopState:
     jobs_changed: dict[str, None] | None = None
     # the jobs with an autoscaled group, kept with ``jobs`` (load_jobs)
     autoscaled: dict[str, None] = field(default_factory=dict)
+    # replicas preempted so far, and the most recent preemptions (status, explain)
+    preemptions: int = 0
+    recent_preemptions: list[c.PreemptionView] = field(default_factory=list)
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -104,6 +108,8 @@ class LoopState:
             since=dict(cp.since),
             health=dict(cp.health),
             max_work=cp.max_work,
+            preemptions=cp.preemptions,
+            recent_preemptions=list(cp.recent_preemptions),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -129,6 +135,8 @@ class LoopState:
             since=self.since,
             health=self.health,
             max_work=self.max_work,
+            preemptions=self.preemptions,
+            recent_preemptions=self.recent_preemptions,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:
@@ -264,6 +272,14 @@ class LoopState:
         for b in plan.placed:
             total += hash_binding(b)
         return total % STATE_MOD
+
+    def preemptions_after(self, plan: Plan) -> tuple[int, list[c.PreemptionView]]:
+        """The preemption count and the recent ones once ``plan`` is committed."""
+        if not plan.preemptions:
+            return self.preemptions, self.recent_preemptions
+        total = self.preemptions + sum(len(p.victims) for p in plan.preemptions)
+        recent = [*self.recent_preemptions, *views.preemption_views(plan)]
+        return total, recent[-c.RECENT_PREEMPTIONS :]
 
     def notices(self) -> list[str]:
         out = []

@@ -114,4 +114,5 @@ def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:
         job=store.get_job(cluster, wid.rsplit("/", 2)[0]),
         nodes=all_nodes(store, cluster),
         bindings=bindings,
+        preemptions=doc.recent_preemptions if doc is not None else (),
     )

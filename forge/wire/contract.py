@@ -27,6 +27,7 @@ __all__ = [
     "QUERY_ASSIGNMENTS",
     "QUERY_EXPLAIN",
     "QUERY_STATUS",
+    "RECENT_PREEMPTIONS",
     "SA_BOUND",
     "SA_CLUSTER",
     "SA_NODES",
@@ -61,6 +62,7 @@ __all__ = [
     "NodeRef",
     "NodeView",
     "PendingView",
+    "PreemptionView",
     "Promote",
     "PromoteResult",
     "RegisterNodes",
@@ -167,6 +169,19 @@ class ClusterOptions(_Msg):
     carry_backoff_limit: int = Field(default=10_000, ge=0)
 
 
+class PreemptionView(_Msg):
+    """One preemption: ``preemptor`` bound to ``node`` in place of ``victims``."""
+
+    preemptor: str
+    node: str
+    victims: list[str]
+    at: float
+
+
+#: The preemptions the loop keeps (status, explain): the most recent.
+RECENT_PREEMPTIONS = 50
+
+
 class Checkpoint(_Msg):
     """What one run hands the next. Nodes, jobs and bindings are not here: they are
     in the store (written by every pass before a continue-as-new) and the new run
@@ -190,14 +205,17 @@ class Checkpoint(_Msg):
     health: dict[str, bool] = Field(default_factory=dict)
     #: a pass's work budget set by the watchdog after repeated deadlocks (0: default)
     max_work: int = 0
+    #: preemptions so far, and the most recent (RECENT_PREEMPTIONS)
+    preemptions: int = 0
+    recent_preemptions: list[PreemptionView] = Field(default_factory=list)
 
     @model_serializer(mode="wrap")
     def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and not self.health:
-            data.pop("health", None)
-        if isinstance(data, dict) and not self.max_work:
-            data.pop("max_work", None)
+        if isinstance(data, dict):
+            for name in ("health", "max_work", "preemptions", "recent_preemptions"):
+                if not getattr(self, name):
+                    data.pop(name, None)
         return data
 
 
@@ -430,12 +448,18 @@ class LoopStatus(_Msg):
         description="rolling updates in progress (left out of the JSON when there are none: "
         "the status is in the persist digest, which recorded histories must reproduce)",
     )
+    preemptions: int = Field(default=0, description="preemptions since the cluster started")
+    recent_preemptions: list[PreemptionView] = Field(
+        default_factory=list, description="the most recent preemptions, oldest first"
+    )
 
     @model_serializer(mode="wrap")
     def _omit_no_rollouts(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and not self.rollouts:
-            data.pop("rollouts", None)
+        if isinstance(data, dict):
+            for name in ("rollouts", "preemptions", "recent_preemptions"):
+                if not getattr(self, name):
+                    data.pop(name, None)
         return data
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
 from forge.core.models import Assignment, Job, Node
@@ -160,6 +161,8 @@ def loop_status(
     deferred: int = 0,
     notices: Iterable[str] = (),
     state_digest: str = "",
+    preemptions: int = 0,
+    recent_preemptions: Sequence[c.PreemptionView] = (),
 ) -> c.LoopStatus:
     views, truncated = pending_views(pending)
     return c.LoopStatus(
@@ -170,7 +173,34 @@ def loop_status(
         deferred=deferred,
         notices=list(notices),
         state_digest=state_digest,
+        preemptions=preemptions,
+        recent_preemptions=list(recent_preemptions),
     )
+
+
+def preemption_views(plan: Plan) -> list[c.PreemptionView]:
+    """A pass's preemptions as the status shows them."""
+    return [
+        c.PreemptionView(preemptor=p.preemptor, node=p.node, victims=list(p.victims), at=p.at)
+        for p in plan.preemptions
+    ]
+
+
+def preemption_reasons(wid: str, recent: Sequence[c.PreemptionView]) -> list[str]:
+    """What ``forge explain`` says of a replica's part in recent preemptions: whom
+    it preempted, or who preempted it (latest first)."""
+    out = []
+    for p in reversed(recent):
+        when = _utc(p.at)
+        if p.preemptor == wid:
+            out.append(f"preempted {', '.join(p.victims)} on {p.node} at {when}")
+        elif wid in p.victims:
+            out.append(f"preempted by {p.preemptor} on {p.node} at {when}")
+    return out
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def rollout_views(rp: RolloutPlan | None) -> list[c.RolloutView]:
@@ -206,16 +236,19 @@ def explanation(
     job: Job | None,
     nodes: Iterable[Node],
     bindings: Iterable[Binding],
+    preemptions: Sequence[c.PreemptionView] = (),
 ) -> c.Explanation:
     """Why a replica is where it is, or why it waits: the loop's own reason when it
-    published one, and each node's verdict for the replica's request right now."""
+    published one, its part in recent preemptions, and each node's verdict for the
+    replica's request right now."""
+    preempted = preemption_reasons(wid, preemptions)
     if binding is not None:
         return c.Explanation(
             workload_id=wid,
             state="bound",
             node=binding.node,
             gpu_ids=list(binding.gpu_ids),
-            reasons=[f"bound to {binding.node} ({binding.status})"],
+            reasons=[f"bound to {binding.node} ({binding.status})", *preempted],
         )
     parts = wid.rsplit("/", 2)
     group = job.group(parts[1]) if job is not None and len(parts) == 3 else None
@@ -236,6 +269,7 @@ def explanation(
         f"{a.id}: {_verdict(explain_node(a, req, group.constraints))}"
         for a in allocations(nodes, bindings).nodes[:VERDICTS_SHOWN]
     ]
+    reasons.extend(r for r in preempted if r not in reasons)
     if not reasons:
         reasons.append("waiting for the next pass")
     return c.Explanation(workload_id=wid, state="pending", reasons=reasons, nodes=verdicts)
@@ -307,6 +341,7 @@ def pass_text(passes: int, plan: Plan) -> str:
         f"pass {passes}: +{len(plan.placed)} placed, -{len(plan.released)} released, "
         f"{len(plan.pending) + plan.deferred} pending"
         + (f" ({plan.deferred} deferred)" if plan.deferred else "")
+        + (f", {len(plan.preemptions)} by preemption" if plan.preemptions else "")
     )
 
 
@@ -322,6 +357,7 @@ def details(
     deferred: int,
     last_pass: str,
     notices: Iterable[str] = (),
+    preemptions: int = 0,
 ) -> str:
     """The workflow's current details (Markdown, shown by the Web UI): what an
     operator looking at the run wants first, without a query."""
@@ -336,6 +372,8 @@ def details(
         f"- jobs: {jobs}, replicas bound: {bound}, pending: {len(pending) + deferred}",
         f"- last pass: {last_pass}",
     ]
+    if preemptions:
+        lines.append(f"- preemptions: {preemptions} replicas evicted for higher-priority work")
     lines.extend(f"- **{n}**" for n in notices)
     if reasons:
         lines.append("- pending because:")
@@ -383,6 +421,17 @@ def pass_metrics(plan: Plan, nodes: Iterable[Node], elapsed: float) -> list[Metr
             {"reason": reason},
         )
         for reason, n in sorted(Counter(r for _, r in plan.released).items())
+    )
+    out.extend(
+        Metric(
+            "counter",
+            "forge_preemptions_total",
+            "replicas evicted for higher-priority work, by reason",
+            n,
+            {"reason": "priority"},
+        )
+        for n in (sum(len(p.victims) for p in plan.preemptions),)
+        if n
     )
     out.append(Metric("counter", "forge_passes_total", "reconcile passes", 1))
     out.append(

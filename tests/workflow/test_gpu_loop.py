@@ -73,7 +73,8 @@ async def test_a_node_added_for_a_pending_gpu_job_goes_to_it_not_to_higher_prior
             "train", cpu=8000, memory=32 * 1024, gpu={"count": 2, "models": ["H100"]}, replicas=1
         )
         assert (await fc.submit_job(train)).pending == 1
-        web = job("web", replicas=8, cpu=2000, memory=1024, priority=90)
+        # higher priority, but within preemption's min_gap of the filler: it waits
+        web = job("web", replicas=8, cpu=2000, memory=1024, priority=55)
         assert (await fc.submit_job(web)).pending == 8
 
         await fc.register_nodes([_h100("h100")])

@@ -175,6 +175,7 @@ def status_json(
     summary = status.summary.model_dump()
     summary["pending_truncated"] = status.pending_truncated
     summary["notices"] = list(status.notices)
+    summary["preemptions"] = status.preemptions
     return {
         "summary": summary,
         "nodes": [
@@ -228,6 +229,8 @@ def status_text(
     report the replicas use, and their ports, when agents report), pending by reason."""
     s = status.summary
     lines = [status_line(cluster, status), f"last pass: {s.last_pass}"]
+    if status.preemptions:
+        lines.append(f"preemptions: {status.preemptions:,} replicas evicted for higher priority")
     lines += [f"attention: {n}" for n in status.notices]
     if status.nodes:
         lines += ["", *_nodes_table(status, usage or {})]

@@ -84,6 +84,7 @@ def status(
         pending=doc.pending if doc is not None else [],
         pending_truncated=doc.pending_truncated if doc is not None else 0,
         notices=doc.notices if doc is not None else [],
+        preemptions=doc.preemptions if doc is not None else 0,
     )
 
 

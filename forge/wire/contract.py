@@ -406,6 +406,7 @@ class StatusView(_Msg):
     notices: list[str] = Field(
         default_factory=list, description="what needs an operator (a stuck run, dropped input)"
     )
+    preemptions: int = Field(default=0, description="replicas preempted since the start")
 
 
 class RolloutView(_Msg):

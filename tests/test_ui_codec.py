@@ -297,14 +297,20 @@ def test_temporal_show_and_metadata_decode_what_forge_compressed(dev: Dev) -> No
 
 def _payloads(node: Any) -> list[dict[str, Any]]:
     """Every payload (``{"metadata", "data"}``) anywhere in a JSON history, but
-    search attributes: the server indexes those, so no codec touches them."""
+    those no codec touches (``_UNCODED``)."""
     if isinstance(node, list):
         return [p for item in node for p in _payloads(item)]
     if not isinstance(node, dict):
         return []
     if "metadata" in node and "encoding" in node["metadata"] and "data" in node:
         return [node]
-    return [p for k, v in node.items() if k != "searchAttributes" for p in _payloads(v)]
+    return [p for k, v in node.items() if k not in _UNCODED for p in _payloads(v)]
+
+
+#: What no payload codec touches: search attributes (the server indexes them) and
+#: markers (the SDK core writes a ``workflow.patched`` marker's details, the patch
+#: id, itself).
+_UNCODED = ("searchAttributes", "markerRecordedEventAttributes")
 
 
 def test_make_run_encrypts_every_payload_with_the_key_it_made(dev: Dev) -> None:

@@ -16,6 +16,9 @@ task passing, or not) is a task report with ``healthy``, in order with the rest.
 
 When the store cannot be read the agent changes nothing: running tasks keep
 running and reports queue (``Reporter``) until it is back.
+
+The agent uses the store only through ``AgentStore`` (heartbeat, report, its node,
+its bindings, their jobs), which is all an agent's own PostgreSQL role may do.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from forge.agent.state import StateFile
 from forge.agent.supervisor import Event, Supervisor
 from forge.agent.usage import UsageSampler
 from forge.core.models import Assignment, HealthCheck, Job, Node, NodeState, TaskGroup
-from forge.stores.base import Store, TaskReport
+from forge.stores.base import AgentStore, TaskReport
 
 __all__ = ["Agent", "ReplicaView", "find_node"]
 
@@ -60,7 +63,7 @@ class Agent:
     def __init__(
         self,
         config: AgentConfig,
-        store: Store,
+        store: AgentStore,
         register: Callable[[Node], None],
         *,
         clock: Callable[[], float] = time.time,
@@ -353,7 +356,7 @@ def _checks_of(group: TaskGroup) -> list[tuple[str, HealthCheck]]:
     return [(t.name, t.check) for t in group.tasks if t.check is not None]
 
 
-def find_node(store: Store, cluster: str, node_id: str) -> Node | None:
+def find_node(store: AgentStore, cluster: str, node_id: str) -> Node | None:
     after = node_id[:-1]  # every id > its own prefix, so the page starts at or before it
     while True:
         page = store.nodes(cluster, after, 1000)

@@ -27,7 +27,7 @@ from forge.agent.server import LogServer
 from forge.core.models import Node
 from forge.errors import Unavailable
 from forge.settings import Settings
-from forge.stores import Store, open_store
+from forge.stores import Store, open_agent_store
 
 __all__ = ["LogsError", "fetch_logs", "replicas_json", "run_agent"]
 
@@ -57,7 +57,8 @@ def run_agent(
     """Run until SIGTERM/SIGINT. The tasks keep running after the agent exits
     unless ``stop_tasks_on_exit``: a restarted agent adopts them."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(config.store_url or settings.store_url)
+    # with an agent's role (forge store grant-agent) only its node's rows, no migration
+    store = open_agent_store(config.store_url or settings.store_url, config.cluster, config.node.id)
     agent_box: list[Agent] = []
     server = LogServer(
         config.logs_address,

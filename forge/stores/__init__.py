@@ -6,6 +6,11 @@
 - ``sqlite:///abs/path.db`` or ``sqlite:relative.db`` — the default, one file;
 - ``postgresql://...`` or ``postgres://...`` — optionally ``?schema=NAME``.
 
+``open_agent_store(url, cluster, node)`` is what a node agent opens: on PostgreSQL,
+logged in with the role ``forge store grant-agent`` made for its node, a store that
+can only heartbeat, report and read that node's bindings (least privilege is
+PostgreSQL-only: a SQLite file has no users, whoever opens it writes all of it).
+
 The PostgreSQL store is imported only when asked for, so SQLite users never load
 psycopg.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from forge.stores.base import (
+    AgentStore,
     ApplyResult,
     Delta,
     Fence,
@@ -50,6 +56,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AgentStore",
     "ApplyResult",
     "Delta",
     "Fence",
@@ -63,6 +70,7 @@ __all__ = [
     "TaskReport",
     "delta_digest",
     "migrate_url",
+    "open_agent_store",
     "open_store",
     "sqlite_path",
     "store_kind",
@@ -100,6 +108,20 @@ def open_store(url: str) -> Store:
     from forge.stores.postgres import PostgresStore
 
     return PostgresStore(url)
+
+
+def open_agent_store(url: str, cluster: str, node_id: str) -> AgentStore:
+    """The store a node agent opens. On PostgreSQL with an agent's role: the
+    least-privilege store (no migration: the role may not), after checking that the
+    role is this node's of this cluster (``AgentRoleError`` otherwise). With any other
+    user, and on SQLite or memory: the ordinary store, as ``open_store``."""
+    if store_kind(url) == "postgres":
+        from forge.stores.postgres import open_as_agent
+
+        agent = open_as_agent(url, cluster, node_id)
+        if agent is not None:
+            return agent
+    return open_store(url)
 
 
 def migrate_url(url: str) -> int:

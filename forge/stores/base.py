@@ -26,6 +26,7 @@ from forge.errors import Conflict, ForgeError
 
 __all__ = [
     "STATE_MOD",
+    "AgentStore",
     "ApplyResult",
     "Delta",
     "Fence",
@@ -328,6 +329,33 @@ def mean_usage(
         group: (c / nc if nc else 0.0, m / nm if nm else 0.0)
         for group, (c, nc, m, nm) in sorted(sums.items())
     }
+
+
+@runtime_checkable
+class AgentStore(Protocol):
+    """What a node agent does with the store, and nothing more: heartbeat and report
+    for its node, read its node, its bindings and their jobs.
+
+    The agent is typed against this, not ``Store``, so the least-privilege store an
+    agent's own PostgreSQL role opens (``PostgresAgentStore``, which can do only
+    this) is a complete store for it, and a new agent feature that needs more is a
+    visible change here, to the agent's role and its SQL functions too. Every
+    ``Store`` is an ``AgentStore``. Implementations for an agent's role return only
+    the agent's own rows: bindings and nodes of its node, jobs cut to the groups
+    bound on it.
+    """
+
+    def heartbeat(self, cluster: str, node_id: str, at: float) -> None: ...
+
+    def report(self, cluster: str, reports: list[TaskReport]) -> int: ...
+
+    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]: ...
+
+    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]: ...
+
+    def get_job(self, cluster: str, job_id: str) -> Job | None: ...
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable

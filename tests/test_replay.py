@@ -26,7 +26,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.core import queue, reconcile, rolling
+from forge.core import placing, queue, rolling, waiting
 from forge.core.models import Job
 from forge.core.placement import NodeAlloc, eligible, scorers, select
 from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
@@ -104,8 +104,8 @@ class _RandomModule:
     Random = _ReversedShuffle
 
 
-_ORIGINAL_BACKOFF = reconcile.backoff_delay
-_ORIGINAL_RESCHEDULE = reconcile.reschedule_delay
+_ORIGINAL_BACKOFF = placing.backoff_delay
+_ORIGINAL_RESCHEDULE = waiting.reschedule_delay
 
 
 def _wider_waves(*, policy: Any, **kw: Any) -> Any:
@@ -115,11 +115,11 @@ def _wider_waves(*, policy: Any, **kw: Any) -> Any:
 
 CHANGES: dict[str, list[tuple[object, str, object]]] = {
     "priority order reversed": [
-        (reconcile, "sort_key", _priority_reversed),
+        (placing, "sort_key", _priority_reversed),
         (queue, "sort_key", _priority_reversed),
     ],
     "equal priorities: job id order reversed": [
-        (reconcile, "sort_key", _ties_reversed),
+        (placing, "sort_key", _ties_reversed),
         (queue, "sort_key", _ties_reversed),
     ],
     "GPU devices taken last first": [(NodeAlloc, "matching_gpus", _devices_reversed)],
@@ -129,10 +129,10 @@ CHANGES: dict[str, list[tuple[object, str, object]]] = {
     ],
     "node tie-break: shuffle order reversed": [(eligible, "random", _RandomModule)],
     "backoff base doubled": [
-        (reconcile, "backoff_delay", lambda n, o: 2 * _ORIGINAL_BACKOFF(n, o)),
+        (placing, "backoff_delay", lambda n, o: 2 * _ORIGINAL_BACKOFF(n, o)),
     ],
     "reschedule delays doubled": [
-        (reconcile, "reschedule_delay", lambda p, n: 2 * _ORIGINAL_RESCHEDULE(p, n)),
+        (waiting, "reschedule_delay", lambda p, n: 2 * _ORIGINAL_RESCHEDULE(p, n)),
     ],
     "rollout waves one replica wider": [(rolling, "step", _wider_waves)],
 }

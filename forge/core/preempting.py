@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from forge.core.groups import Groups
 from forge.core.models import Job, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
 from forge.core.plan import FailureHistory, PendingEntry, Plan, Preempted, ReconcileOptions
 from forge.core.preemption import Holder, Search, find
 from forge.core.queue import sort_key
-from forge.core.release import Carry, Groups
+from forge.core.release import Carry
 
 __all__ = ["Phase", "Wanted"]
 
@@ -214,7 +215,7 @@ class Phase:
 
     def _priority_of(self, wid: str) -> int:
         job_id, group, _ = wid.rsplit("/", 2)
-        return self.groups[(job_id, group)][0].priority
+        return self.groups[(job_id, group)].job.priority
 
     # -- what a search reads --------------------------------------------------------
     def _cooling(self, wid: str) -> bool:
@@ -226,11 +227,11 @@ class Phase:
         budget): its allowance less what is unavailable already and what this pass
         preempted."""
         entry = self.groups.get(key)
-        if entry is None or entry[1].disruption is None:
+        if entry is None or entry.spec.disruption is None:
             return None
-        desired = entry[1].scaling.desired
+        desired = entry.spec.scaling.desired
         down = max(0, desired - self.bound(key))
-        return entry[1].disruption.allowed(desired) - down - self._spent.get(key, 0)
+        return entry.spec.disruption.allowed(desired) - down - self._spent.get(key, 0)
 
     def _holders_of(self, node_id: str) -> list[Holder]:
         """The replicas bound to a node before this pass placed (placements of this
@@ -253,7 +254,7 @@ class Phase:
                 continue
             entry = self.groups.get((b.job, b.group))
             if entry is not None:
-                out.append(Holder(wid, b, entry[0].priority))
+                out.append(Holder(wid, b, entry.job.priority))
         self._holders[node_id] = out
         return out
 

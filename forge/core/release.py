@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from forge.core.groups import Group, Groups, groups_of
 from forge.core.models import AssignmentStatus, Job, Node, NodeState, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, NodeAlloc
 from forge.core.plan import Plan
@@ -18,12 +19,9 @@ from forge.core.queue import Queue
 
 __all__ = [
     "Carry",
-    "Groups",
     "Release",
-    "groups_of",
     "release_all",
     "release_changed",
-    "update_groups",
 ]
 
 
@@ -51,7 +49,7 @@ class Carry:
     # bindings a load found invalid (with why): the next pass releases them
     stale: list[tuple[str, Binding, str]] = field(default_factory=list)
     #: the groups of ``jobs`` (groups_of), reused by a pass whose jobs are these
-    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]] = field(default_factory=dict)
+    groups: dict[tuple[str, str], Group] = field(default_factory=dict)
     rolling: bool = False  # loaded bindings of a changed spec are kept for the rollout
     #: which groups the next pass looks at, and the order's GPU boundary
     #: (forge.core.queue), kept up to date with ``jobs``; None: built by the next pass
@@ -82,7 +80,7 @@ class Carry:
         same order: the store's), or keep it for the next pass to release."""
         alloc = self.cluster.by_id.get(b.node)
         entry = self.groups.get((b.job, b.group))
-        if self.rolling and entry is not None and b.version != entry[1].version:
+        if self.rolling and entry is not None and b.version != entry.spec.version:
             self.roll_check.add((b.job, b.group))  # off its version, or none recorded
         reason = _reason(wid, b, entry, alloc, set(), {}, self.rolling)
         if reason is None:
@@ -90,7 +88,7 @@ class Carry:
             if alloc.hold(b):
                 self.add(wid, b)
                 assert entry is not None
-                self.floor = min(self.floor, entry[0].priority)
+                self.floor = min(self.floor, entry.job.priority)
                 return
             reason = "node capacity changed"
         self.stale.append((wid, b, reason))
@@ -144,39 +142,13 @@ class Carry:
                 mine[job_id] = job
 
 
-def update_groups(
-    groups: dict[tuple[str, str], tuple[Job, TaskGroup, Request]],
-    changed: list[str],
-    old: Mapping[str, Job],
-    new: Mapping[str, Job],
-) -> None:
-    """Bring a group index (:func:`groups_of`) from ``old`` to ``new`` jobs, which
-    differ only in ``changed``, in place. A job whose group names stay keeps its
-    entries' places; the others' entries go last (only fgd reads the index's order,
-    and it rebuilds it instead)."""
-    for job_id in changed:
-        before, after = old.get(job_id), new.get(job_id)
-        names = [g.name for g in before.groups] if before is not None else []
-        if after is None or names != [g.name for g in after.groups]:
-            for name in names:
-                groups.pop((job_id, name), None)
-        if after is not None:
-            for g in after.groups:
-                groups[(job_id, g.name)] = (after, g, g.request())
-
-
-def groups_of(jobs: Mapping[str, Job]) -> dict[tuple[str, str], tuple[Job, TaskGroup, Request]]:
-    return {(job.id, g.name): (job, g, g.request()) for job in jobs.values() for g in job.groups}
-
-
 Release = Callable[[str, Binding, str], None]
-Groups = Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]]
 
 
 def _reason(
     wid: str,
     b: Binding,
-    entry: tuple[Job, TaskGroup, Request] | None,
+    entry: Group | None,
     alloc: NodeAlloc | None,
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
@@ -186,7 +158,7 @@ def _reason(
     ``rolling``: a changed spec is the rollout's business (forge.core.rolling)."""
     if entry is None:
         return "job stopped"
-    if b.ordinal >= entry[1].scaling.desired:
+    if b.ordinal >= entry.spec.scaling.desired:
         return "scaled down"
     if alloc is None:
         return "node removed"
@@ -195,7 +167,7 @@ def _reason(
         return "node lost" if state is NodeState.LOST else "node draining"
     if b.status is AssignmentStatus.FAILED or wid in failed:
         return "failed"
-    req = entry[2]
+    req = entry.request
     if not rolling and (
         b.cpu != req.cpu
         or b.memory != req.memory
@@ -203,11 +175,11 @@ def _reason(
         or b.gpu_milli != req.gpu_milli
     ):
         return "spec changed"
-    if entry[1].constraints or req.gpu_models or req.gpu_memory:
+    if entry.spec.constraints or req.gpu_models or req.gpu_memory:
         key = (b.node, (b.job, b.group))
         ok = node_ok.get(key)
         if ok is None:
-            ok = _still_fits_rules(alloc.node, entry[1], req, b.gpu_ids)
+            ok = _still_fits_rules(alloc.node, entry.spec, req, b.gpu_ids)
             if not b.gpu_ids:  # the answer depends on the devices otherwise
                 node_ok[key] = ok
         if not ok:
@@ -241,14 +213,14 @@ def release_all(
             entry is not None
             and alloc is not None
             and not b.gpu_ids
-            and b.ordinal < entry[1].scaling.desired
+            and b.ordinal < entry.spec.scaling.desired
             and alloc.node.state is ready
             and b.status is not failed_status
             and wid not in failed
-            and b.cpu == entry[2].cpu
-            and b.memory == entry[2].memory
-            and not entry[2].gpu
-            and not entry[1].constraints
+            and b.cpu == entry.request.cpu
+            and b.memory == entry.request.memory
+            and not entry.request.gpu
+            and not entry.spec.constraints
         ):
             reason = None  # the common case, decided without a call
         else:

@@ -1,0 +1,337 @@
+"""The place phase of a pass: missing replicas, in priority order, onto nodes.
+
+Which groups it visits (those left incomplete by the last pass, of changed jobs,
+or that lost a binding now), in placement order (job sort key, then the group's
+place in its job), and per missing replica: wait (backoff, reschedule delay),
+defer (a placement or work limit reached), bind, or leave pending with the reason
+the placer gives. Replicas refused are remembered for the phases after it: those
+asking no GPU that the GPU reservation turned away are tried once more when it is
+lifted, and, with preemption on, every refused one may evict lower-priority work
+(:mod:`forge.core.preempting`).
+
+The per-replica loop is the hot path of a large first pass (50,000 replicas): it
+keeps what it reads in local variables and calls out only for the rare cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import NamedTuple
+
+from forge.core.groups import Group, GroupKey, Groups
+from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
+from forge.core.placement import Binding, Choice, Diagnosis, Placer, diagnosis_text
+from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
+from forge.core.preempting import Wanted
+from forge.core.queue import Queue, SortKey, sort_key
+from forge.core.waiting import backoff_delay, waiting
+
+__all__ = [
+    "Bound",
+    "Deferred",
+    "Placing",
+    "binding",
+    "defer_groups",
+    "incomplete",
+    "to_visit",
+]
+
+
+class Deferred(NamedTuple):
+    """A group the pass stopped before, with how many of its replicas it left."""
+
+    job: str
+    group: str
+    left: int
+
+
+class Bound:
+    """A carried pass's bound count per group, read from the carry's index (which
+    the release phase and rollout stops keep current) instead of copied whole."""
+
+    __slots__ = ("by_group",)
+
+    def __init__(self, by_group: Mapping[GroupKey, Mapping[str, None]]) -> None:
+        self.by_group = by_group
+
+    def get(self, key: GroupKey, default: int = 0) -> int:
+        held = self.by_group.get(key)
+        return len(held) if held else default
+
+    def items(self) -> Iterable[tuple[GroupKey, int]]:
+        return ((k, len(v)) for k, v in self.by_group.items())
+
+
+class Placing:
+    """One pass's placement of missing replicas (see the module docstring).
+
+    Reads the plan's bindings and writes its placements, pending entries and
+    deferred count; leaves behind what the later phases need: ``placed`` (the
+    count), ``visited`` (work units beside the placer's), ``held_back``, ``wanted``,
+    ``deferred`` and ``gpu_waiting`` (a GPU replica some node could take is
+    unbound, so the reservation must hold)."""
+
+    def __init__(
+        self,
+        *,
+        plan: Plan,
+        groups: Groups,
+        placer: Placer,
+        pending: Mapping[str, PendingEntry],
+        failures: Mapping[str, FailureHistory],
+        just_failed: Collection[str],
+        bound: Bound | Mapping[GroupKey, int],
+        options: ReconcileOptions,
+        now: float,
+        capacity_freed: bool,
+        budget: int,
+    ) -> None:
+        self.plan, self.groups, self.placer = plan, groups, placer
+        self.pending, self.failures, self.just_failed = pending, failures, just_failed
+        self.bound, self.options, self.now = bound, options, now
+        self.capacity_freed, self.budget = capacity_freed, budget
+        self.placed = 0
+        self.visited = 0
+        self.gpu_waiting = False
+        self.held_back: list[Wanted] = []
+        self.wanted: list[Wanted] = []
+        self.deferred: list[Deferred] = []
+        # one shared instance: 100,000 deferred replicas are cheap
+        self._deferred_entry = PendingEntry(
+            kind="deferred",
+            not_before=now,
+            reasons=("deferred to the next pass (per-pass placement or work limit)",),
+        )
+        self._backoff: dict[tuple[int, str], PendingEntry] = {}
+        # per class and pass: a pending class's answers do not change within the
+        # pass (could_ever_fit looks at total capacity; a diagnosis is formatted
+        # once). Keyed by identity: a group's request and constraints, and a
+        # class's diagnosis, are one object each for the whole pass.
+        self._ever_fits: dict[tuple[int, int], bool] = {}
+        self._texts: dict[int, tuple[Diagnosis, str]] = {}
+
+    def run(self, visit: list[tuple[SortKey, GroupKey]], last_asking: SortKey | None) -> None:
+        """Visit the groups in order, then retry the held-back replicas."""
+        placer, groups, bound = self.placer, self.groups, self.bound
+        # The reservation keeps GPU nodes for GPU work that is waiting. Once the
+        # last job asking GPUs has had its turn and no GPU replica is left unbound,
+        # there is none: the rest of the pass may use all the cpu and memory (else a
+        # tight cluster whose GPUs are not all wanted would leave work pending).
+        lift_checked = not placer.reserving  # checked once, as a walk would
+        stopped = False
+        for order, key in visit:
+            if not lift_checked and (last_asking is None or order > last_asking):
+                lift_checked = True  # past the last job asking GPUs
+                if placer.reserving and not self.gpu_waiting:
+                    placer.lift_reservation()
+            entry = groups[key]
+            if stopped:
+                left = entry.spec.scaling.desired - bound.get(key, 0)
+                self.deferred.append(Deferred(entry.job.id, entry.spec.name, left))
+            else:
+                stopped = self._group(entry, bound.get(key, 0))
+        self._retry_held_back()
+
+    def _group(self, entry: Group, bound: int) -> bool:
+        """Place one group's missing replicas; True when the work budget or the
+        placement limit stops the pass here (with a budget, the groups after are
+        deferred whole: the pass's cost stays bounded by the budget, not by how
+        much is pending)."""
+        job, g, req = entry
+        constraints, policy, desired = g.constraints, g.reschedule, g.scaling.desired
+        plan, placer, options = self.plan, self.placer, self.options
+        bindings, pending, failures = plan.bindings, self.pending, self.failures
+        just_failed, now, freed = self.just_failed, self.now, self.capacity_freed
+        budget, limit = self.budget, options.max_placements
+        waiting_now = 0
+        for ordinal in range(desired):
+            wid = workload_id(job.id, g.name, ordinal)
+            if wid in bindings:
+                continue
+            self.visited += 1
+            prev = pending.get(wid)
+            hist = failures.get(wid)
+            wait = waiting(prev, hist, policy, wid in just_failed, now, freed)
+            if wait is not None:
+                plan.pending[wid] = wait
+                waiting_now += 1
+                self._note_gpu(req, constraints)
+                continue
+            if budget and (self.placed >= limit or placer.work + self.visited >= budget):
+                self._note_gpu(req, constraints)
+                # this group's replicas from here on; those before are settled
+                self.deferred.append(Deferred(job.id, g.name, desired - bound - waiting_now))
+                return True
+            if self.placed >= limit:
+                plan.deferred += 1
+                plan.pending[wid] = self._deferred_entry
+                self._note_gpu(req, constraints)
+                continue
+            choice = placer.place(req, constraints, avoid=hist.last_node if hist else None)
+            if choice is None:
+                self._refused(Wanted(wid, job, g, ordinal, req), prev)
+                waiting_now += 1
+                continue
+            b = binding(job, g, ordinal, choice, req, options)
+            bindings[wid] = b
+            plan.placed.append(b)
+            self.placed += 1
+            bound += 1
+        return False
+
+    def _refused(self, w: Wanted, prev: PendingEntry | None) -> None:
+        """No node took ``w``: back it off with the placer's reason, remember it."""
+        placer, req, constraints = self.placer, w.req, w.group.constraints
+        if not req.gpu and placer.reserving:
+            self.held_back.append(w)
+        if self.options.preemption:
+            self.wanted.append(w)
+        attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
+        diagnosis = placer.why_not(req, constraints)
+        said = self._texts.get(id(diagnosis))
+        if said is None:  # (the diagnosis is kept with its text: alive)
+            said = self._texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
+        why = said[1]
+        shared = self._backoff.get((attempts, why))
+        if shared is None:
+            shared = self._backoff[(attempts, why)] = PendingEntry(
+                kind="backoff",
+                attempts=attempts,
+                not_before=self.now + backoff_delay(attempts, self.options),
+                reasons=(why,),
+            )
+        self.plan.pending[w.wid] = shared
+        self.visited += self.options.pending_units - 1  # (one was counted already)
+        self._note_gpu(req, constraints)
+
+    def _note_gpu(self, req: Request, constraints: tuple[Constraint, ...]) -> None:
+        """A replica is left unbound: if it asks GPUs some node could give, the
+        reservation must hold for the rest of the pass."""
+        if self.gpu_waiting or not (req.gpu and self.placer.reserving):
+            return
+        key = (id(req), id(constraints))
+        fits = self._ever_fits.get(key)
+        if fits is None:
+            fits = self._ever_fits[key] = self.placer.could_ever_fit(req, constraints)
+        self.gpu_waiting = fits
+
+    def _retry_held_back(self) -> None:
+        """Replicas without GPUs that the reservation refused: tried again once it
+        is lifted (or GPU placements after the refusal freed reservation: the placer
+        re-admits those nodes), so nothing that fits is left pending (invariant 4)."""
+        placer, plan, limit = self.placer, self.plan, self.options.max_placements
+        if self.held_back and placer.reserving and not self.gpu_waiting:
+            placer.lift_reservation()  # the last job was one asking GPUs; all bound
+        for w in self.held_back:
+            if self.placed >= limit:
+                break  # they keep their backoff entries; capacity_changed wakes them
+            hist = self.failures.get(w.wid)
+            choice = placer.place(
+                w.req, w.group.constraints, avoid=hist.last_node if hist else None
+            )
+            if choice is None:
+                continue
+            b = binding(w.job, w.group, w.ordinal, choice, w.req, self.options)
+            plan.bindings[w.wid] = b
+            plan.placed.append(b)
+            del plan.pending[w.wid]
+            self.placed += 1
+
+
+def to_visit(
+    groups: Groups,
+    queue: Queue,
+    changed_jobs: list[str],
+    jobs: Mapping[str, Job],
+    dropped: list[Binding],
+    bound: Bound | Mapping[GroupKey, int],
+    version: int,
+) -> list[tuple[SortKey, GroupKey]]:
+    """The groups this pass may place into, in placement order (job sort key, then
+    the group's place in its job): those left incomplete by the last pass, those of
+    changed jobs and those that lost a binding now, less the ones fully bound. A
+    walk over every job in order would place into exactly these, in this order."""
+    if queue.incomplete is None:
+        keys: set[GroupKey] = set(groups)
+    else:
+        keys = set(queue.incomplete)
+        keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
+        keys.update((b.job, b.group) for b in dropped)
+    out = []
+    for key in keys:
+        entry = groups.get(key)
+        if entry is None:
+            continue
+        job, g, _ = entry
+        if bound.get(key, 0) >= g.scaling.desired:
+            continue
+        names = [x.name for x in job.groups]
+        out.append((sort_key(job, version), names.index(g.name), key))
+    out.sort()
+    return [(order, key) for order, _, key in out]
+
+
+def incomplete(
+    keys: Iterable[GroupKey],
+    by_group: Mapping[GroupKey, Mapping[str, None]],
+    groups: Groups,
+) -> set[GroupKey]:
+    """The groups among ``keys`` with fewer bindings than replicas desired."""
+    out = set()
+    for key in keys:
+        entry = groups.get(key)
+        if entry is not None and len(by_group.get(key) or ()) < entry.spec.scaling.desired:
+            out.add(key)
+    return out
+
+
+def defer_groups(
+    plan: Plan,
+    deferred: list[Deferred],
+    groups: Groups,
+    pending: Mapping[str, PendingEntry],
+    failures: Mapping[str, FailureHistory],
+    just_failed: Collection[str],
+    now: float,
+    capacity_freed: bool,
+) -> None:
+    """Leave the unbound replicas of ``deferred`` groups for the next pass, in
+    O(groups + pending) rather than one step per replica: they are counted, not
+    listed (a missing replica without an entry is simply tried next time), their
+    earlier entries (backoff attempts, reschedule delays) are kept, and one that
+    failed in this very pass still gets its reschedule policy applied."""
+    keys = {(d.job, d.group) for d in deferred}
+    kept = 0
+    # the entries a one-by-one pass would have kept: the same rule, waiting()
+    for wid in sorted(just_failed) + [w for w in pending if w not in just_failed]:
+        if wid in plan.pending or wid in plan.bindings:
+            continue
+        job_id, group, ordinal = wid.rsplit("/", 2)
+        entry = groups.get((job_id, group))
+        if (job_id, group) not in keys or entry is None:
+            continue
+        policy = entry.spec.reschedule
+        wait = waiting(
+            pending.get(wid), failures.get(wid), policy, wid in just_failed, now, capacity_freed
+        )
+        if wait is not None and int(ordinal) < entry.spec.scaling.desired:
+            plan.pending[wid] = wait
+            kept += 1
+    plan.deferred += sum(d.left for d in deferred) - kept
+
+
+def binding(
+    job: Job, g: TaskGroup, ordinal: int, choice: Choice, req: Request, options: ReconcileOptions
+) -> Binding:
+    """The binding a placement makes (with rollouts on, recording the group version)."""
+    return Binding(
+        job.id,
+        g.name,
+        ordinal,
+        choice.node.id,
+        choice.gpu_ids,
+        req.cpu,
+        req.memory,
+        gpu_milli=req.gpu_milli,
+        version=g.version if options.rollouts else "",
+    )

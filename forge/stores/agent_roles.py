@@ -155,11 +155,15 @@ def grant_agent(url: str, cluster: str, node_id: str, *, password: bool = True) 
                     ident, sql.Literal(IDLE_IN_TRANSACTION)
                 )
             )
-            cur.execute(
-                sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
-                    sql.Identifier(database), ident
+            # Only where PUBLIC may not connect (the default lets every role): a grant
+            # on the database is one more thing a revoke by another user must undo.
+            cur.execute("SELECT has_database_privilege('public', current_database(), 'CONNECT')")
+            if not _fetch(cur)[0]:
+                cur.execute(
+                    sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                        sql.Identifier(database), ident
+                    )
                 )
-            )
             cur.execute(
                 sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(current), ident)
             )
@@ -237,10 +241,7 @@ def revoke_agent(url: str, cluster: str, node_id: str) -> str | None:
             role = str(row[0])
             cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
             if cur.fetchone() is not None:
-                ident = sql.Identifier(role)
-                # its privileges in this database and on the database itself
-                cur.execute(sql.SQL("DROP OWNED BY {}").format(ident))
-                cur.execute(sql.SQL("DROP ROLE {}").format(ident))
+                _drop_role(cur, role)
         # not allowed to signal them: they can call nothing any more anyway
         with contextlib.suppress(psycopg.Error):
             conn.execute(
@@ -252,6 +253,31 @@ def revoke_agent(url: str, cluster: str, node_id: str) -> str | None:
         raise _owner_error(err) from None
     finally:
         conn.close()
+
+
+def _drop_role(cur: psycopg.Cursor[Any], role: str) -> None:
+    """Take back what ``grant_agent`` gave ``role``, then drop it. Revoked one by one,
+    not with ``DROP OWNED BY``: that needs the role's own privileges, which the
+    store's owner (CREATEROLE, not a superuser) does not hold."""
+    ident = sql.Identifier(role)
+    cur.execute("SELECT current_database(), current_schema()")
+    database, schema = (str(v) for v in _fetch(cur))
+    cur.execute(
+        sql.SQL("REVOKE ALL ON FUNCTION " + ", ".join(AGENT_FUNCTIONS) + " FROM {}").format(ident)
+    )
+    cur.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(sql.Identifier(schema), ident))
+    cur.execute(
+        sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(sql.Identifier(database), ident)
+    )
+    try:
+        with cur.connection.transaction():  # a savepoint: the error below, not an abort
+            cur.execute(sql.SQL("DROP ROLE {}").format(ident))
+    except psycopg.errors.DependentObjectsStillExist as err:
+        detail = " ".join((err.diag.message_detail or str(err)).split())
+        raise StoreError(
+            f"role {role} still holds rights this user did not grant ({detail}): revoke "
+            f"as the user who granted them, or DROP OWNED BY {role} as a superuser"
+        ) from None
 
 
 def _fetch(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:

@@ -116,7 +116,7 @@ def open_agent_store(url: str, cluster: str, node_id: str) -> AgentStore:
     role is this node's of this cluster (``AgentRoleError`` otherwise). With any other
     user, and on SQLite or memory: the ordinary store, as ``open_store``."""
     if store_kind(url) == "postgres":
-        from forge.stores.postgres import open_as_agent
+        from forge.stores.postgres_agent import open_as_agent
 
         agent = open_as_agent(url, cluster, node_id)
         if agent is not None:
@@ -143,7 +143,7 @@ def migrate_url(url: str) -> int:
         finally:
             store.close()
     from forge.stores.migrations import migrate
-    from forge.stores.postgres import connect_postgres
+    from forge.stores.postgres_conn import connect_postgres
 
     conn, schema = connect_postgres(url)
     try:

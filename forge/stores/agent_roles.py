@@ -34,9 +34,10 @@ import psycopg
 from psycopg import sql
 
 from forge.core.models import is_valid_name
+from forge.stores.agent_sql import AGENT_FUNCTIONS
 from forge.stores.base import StoreError
-from forge.stores.migrations import AGENT_FUNCTIONS, migrate
-from forge.stores.postgres import connect_postgres
+from forge.stores.migrations import migrate
+from forge.stores.postgres_conn import connect_postgres
 
 __all__ = ["AgentGrant", "agent_role_name", "agent_url", "grant_agent", "revoke_agent"]
 

@@ -1,13 +1,8 @@
 """The PostgreSQL store (psycopg 3, synchronous API).
 
-Connections: a small bounded pool written here (``psycopg_pool`` is not a
-dependency). Activities run in a thread pool; each call borrows a connection for
-its duration, so concurrent activities run concurrent transactions instead of
-queueing behind one lock, and the number of server connections stays bounded
-however many threads the worker has. Connections run in autocommit mode and every
-write is an explicit ``conn.transaction()`` block, so no transaction is ever left
-open between calls; a connection that comes back broken or mid-transaction is
-discarded rather than reused.
+Connections and the ``?schema=`` URL parameter: ``forge.stores.postgres_conn`` (a
+small bounded pool; every write an explicit transaction on an autocommit
+connection, so none is left open between calls).
 
 Ordering: the job revision and the report sequence are per-cluster counters in a
 ``clusters`` row, bumped inside the writing transaction, not PostgreSQL sequences.
@@ -20,33 +15,22 @@ UPDATE``) before comparing, so two persists of the same cluster serialise and th
 comparison and the writes are one atomic step. Fences live in their own table, not
 in ``clusters``, so a long persist does not block ``put_job`` or agents' reports.
 
-Schema: ``?schema=NAME`` in the URL selects (and, when migrating, creates) a
-schema by setting the connection's ``search_path``; ``options=-csearch_path=...``
-works too, but then the schema must already exist.
-
 Agents: a node agent logged in with the role ``forge store grant-agent`` made for
-it (``forge.stores.agent_roles``) gets ``PostgresAgentStore``, which calls the
-agent functions of migration step 6 and nothing else, and never migrates: that
-role may not touch a table.
+it (``forge.stores.agent_roles``) gets ``PostgresAgentStore``
+(``forge.stores.postgres_agent``, re-exported here), which calls the agent
+functions of migration step 6 and nothing else, and never migrates: that role may
+not touch a table.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg import conninfo as pg_conninfo
-from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow
 
-from forge.core.models import Assignment, Job, Node
-from forge.errors import InvalidInput
+from forge.core.models import Assignment, Job
 from forge.stores import migrations
 from forge.stores.base import (
     ApplyResult,
@@ -57,11 +41,21 @@ from forge.stores.base import (
     check_fence,
     delta_digest,
 )
-from forge.stores.migrations import SCHEMA_NAME_PATTERN
+from forge.stores.postgres_agent import (
+    AgentRoleError,
+    PostgresAgentStore,
+    agent_identity,
+    open_as_agent,
+)
+from forge.stores.postgres_conn import (
+    Cursor,
+    Pool,
+    connect_postgres,
+    parse_postgres_url,
+)
 from forge.stores.sql import (
     ASSIGNMENT_UPSERT_SET,
     SqlReads,
-    assignment_from_row,
     forget_states,
     gpu_ids_json,
     write_jobs,
@@ -80,111 +74,6 @@ __all__ = [
     "parse_postgres_url",
 ]
 
-Connection = psycopg.Connection[TupleRow]
-Cursor = psycopg.Cursor[TupleRow]
-
-
-def parse_postgres_url(url: str) -> tuple[str, str | None]:
-    """Split a store URL into a libpq conninfo string and the ``?schema=`` name.
-
-    libpq rejects parameters it does not know, so ``schema`` is removed from the
-    query and turned into ``options=-csearch_path=NAME`` (appended to any options
-    already there). Schema names are restricted to plain identifiers so they need
-    no escaping in ``options``.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise ValueError(f"not a PostgreSQL URL: {url!r}")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [v for k, v in query if k == "schema"]
-    rest = [(k, v) for k, v in query if k != "schema"]
-    conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
-    if not schemas:
-        return conninfo, None
-    schema = schemas[-1]
-    if not re.match(SCHEMA_NAME_PATTERN, schema):
-        raise ValueError(f"invalid schema name {schema!r} in the store URL")
-    options = pg_conninfo.conninfo_to_dict(conninfo).get("options") or ""
-    options = f"{options} -csearch_path={schema}".strip()
-    return pg_conninfo.make_conninfo(conninfo, options=options), schema
-
-
-def connect_postgres(url: str) -> tuple[Connection, str | None]:
-    """One autocommit connection to the store at ``url`` and its schema name."""
-    conninfo, schema = parse_postgres_url(url)
-    return psycopg.connect(conninfo, autocommit=True), schema
-
-
-class _Pool:
-    """A bounded set of connections; ``connection()`` lends one to the caller."""
-
-    def __init__(self, conninfo: str, max_size: int) -> None:
-        if max_size < 1:
-            raise ValueError("max_connections must be at least 1")
-        self._conninfo = conninfo
-        self._max_size = max_size
-        self._idle: list[Connection] = []
-        self._size = 0  # connections open: idle + lent out
-        self._cond = threading.Condition()
-        self._closed = False
-
-    def put(self, conn: Connection) -> None:
-        """Adopt an already open connection (the one used to migrate)."""
-        with self._cond:
-            self._size += 1
-        self._give_back(conn)
-
-    def _take(self) -> Connection:
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise StoreError("store is closed")
-                if self._idle:
-                    return self._idle.pop()
-                if self._size < self._max_size:
-                    self._size += 1
-                    break
-                self._cond.wait()
-        try:
-            return psycopg.connect(self._conninfo, autocommit=True)
-        except BaseException:
-            with self._cond:
-                self._size -= 1
-                self._cond.notify()
-            raise
-
-    def _give_back(self, conn: Connection) -> None:
-        healthy = (
-            not conn.closed
-            and not conn.broken
-            and conn.info.transaction_status == TransactionStatus.IDLE
-        )
-        with self._cond:
-            if healthy and not self._closed:
-                self._idle.append(conn)
-            else:
-                self._size -= 1
-            self._cond.notify()
-        if not healthy or self._closed:
-            conn.close()
-
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        conn = self._take()
-        try:
-            yield conn
-        finally:
-            self._give_back(conn)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._size -= len(idle)
-            self._cond.notify_all()
-        for conn in idle:
-            conn.close()
-
 
 class PostgresStore(SqlReads):
     """The ``Store`` protocol over PostgreSQL; see the module docstring."""
@@ -196,7 +85,7 @@ class PostgresStore(SqlReads):
         start-up, rather than in the first activity.
         """
         conninfo, self.schema = parse_postgres_url(url)
-        self._pool = _Pool(conninfo, max_connections)
+        self._pool = Pool(conninfo, max_connections)
         conn = psycopg.connect(conninfo, autocommit=True)
         try:
             self.schema_version = migrations.migrate(conn, schema=self.schema) if migrate else None
@@ -378,105 +267,6 @@ class PostgresStore(SqlReads):
 
     def close(self) -> None:
         """Close idle connections now and lent ones as they come back."""
-        self._pool.close()
-
-
-class AgentRoleError(StoreError, InvalidInput):
-    """The store credentials an agent was given are another node's (or cluster's):
-    a configuration mistake to fix, not an outage to wait out."""
-
-
-def agent_identity(conn: Connection) -> tuple[str, str] | None:
-    """``(cluster, node)`` when ``conn`` is logged in as an agent's role
-    (``forge store grant-agent``), else None (the worker's user, or a schema from
-    before agent roles existed)."""
-    row = conn.execute(
-        "SELECT coalesce(has_function_privilege("
-        "to_regprocedure('forge_agent_identity()'), 'EXECUTE'), false)"
-    ).fetchone()
-    if row is None or not row[0]:
-        return None
-    found = conn.execute("SELECT cluster, node_id FROM forge_agent_identity()").fetchone()
-    return (str(found[0]), str(found[1])) if found is not None else None
-
-
-def open_as_agent(url: str, cluster: str, node_id: str) -> PostgresAgentStore | None:
-    """The agent's store when ``url`` logs in as an agent's role, None otherwise
-    (the caller then opens an ordinary ``PostgresStore``, as agents did before
-    roles existed). ``AgentRoleError`` when the role is another node's or cluster's:
-    it could not heartbeat for this one, so the agent would be lost on arrival."""
-    conn, _ = connect_postgres(url)
-    try:
-        identity = agent_identity(conn)
-    except BaseException:
-        conn.close()
-        raise
-    if identity is None:
-        conn.close()
-        return None
-    if identity != (cluster, node_id):
-        user = conn.info.user
-        conn.close()
-        raise AgentRoleError(
-            f"store user {user} is the agent of node {identity[1]} in cluster {identity[0]}, "
-            f"not of node {node_id} in cluster {cluster}: give this agent the store URL "
-            f"`forge store grant-agent {node_id} --cluster {cluster}` prints"
-        )
-    return PostgresAgentStore(url, cluster, node_id, _conn=conn)
-
-
-class PostgresAgentStore:
-    """The ``AgentStore`` of one node agent logged in with its own role.
-
-    Every call is one statement calling one agent function (migration step 6), each
-    checked inside the database against the login, so this class is a convenience,
-    not the guard: what it cannot do, the role cannot do either. A call about
-    another node or cluster fails with ``psycopg.errors.InsufficientPrivilege``.
-    It never migrates (the role may not), and keeps at most two connections (an
-    agent makes one call at a time), well inside the role's connection limit.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        cluster: str,
-        node_id: str,
-        *,
-        max_connections: int = 2,
-        _conn: Connection | None = None,
-    ) -> None:
-        conninfo, self.schema = parse_postgres_url(url)
-        self.cluster, self.node_id = cluster, node_id
-        self._pool = _Pool(conninfo, max_connections)
-        self._pool.put(_conn if _conn is not None else psycopg.connect(conninfo, autocommit=True))
-
-    def _rows(self, query: LiteralString, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        with self._pool.connection() as conn:
-            return conn.execute(query, params).fetchall()
-
-    def heartbeat(self, cluster: str, node_id: str, at: float) -> None:
-        self._rows("SELECT forge_agent_heartbeat(%s, %s, %s)", (cluster, node_id, at))
-
-    def report(self, cluster: str, reports: list[TaskReport]) -> int:
-        body = json.dumps([r.model_dump(mode="json") for r in reports])
-        (row,) = self._rows("SELECT forge_agent_report(%s, %s::jsonb)", (cluster, body))
-        return int(row[0])
-
-    def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
-        rows = self._rows("SELECT * FROM forge_agent_nodes(%s, %s, %s)", (cluster, after, limit))
-        return [Node.model_validate_json(spec) for (spec,) in rows]
-
-    def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
-        rows = self._rows(
-            "SELECT * FROM forge_agent_assignments(%s, %s, %s)", (cluster, after, limit)
-        )
-        return [assignment_from_row(row) for row in rows]
-
-    def get_job(self, cluster: str, job_id: str) -> Job | None:
-        (row,) = self._rows("SELECT forge_agent_job(%s, %s)", (cluster, job_id))
-        return Job.model_validate_json(row[0]) if row[0] is not None else None
-
-    def close(self) -> None:
         self._pool.close()
 
 

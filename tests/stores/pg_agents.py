@@ -104,6 +104,13 @@ def drop_agent_roles(owner_url: str) -> list[str]:
             roles = [str(r) for (r,) in conn.execute("SELECT role_name FROM agent_roles")]
         except psycopg.errors.UndefinedTable:
             return []
+        # and any role still granted the schema without a row (a revoke that failed)
+        granted = conn.execute(
+            "SELECT DISTINCT r.rolname FROM pg_namespace n, aclexplode(n.nspacl) a"
+            " JOIN pg_roles r ON r.oid = a.grantee"
+            " WHERE n.nspname = current_schema() AND r.rolname LIKE 'forge\\_agent\\_%%'"
+        )
+        roles += sorted({str(r) for (r,) in granted} - set(roles))
         for role in roles:
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",

@@ -432,11 +432,15 @@ def test_a_createrole_owner_that_is_no_superuser_grants_and_revokes(
         assert revoke_agent(url, C, "n1") == granted.role
         assert role_row(postgres_backend.url, granted.role) is None
     finally:
-        drop_agent_roles(url)
-        admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
-        admin.execute(sql.SQL("DROP ROLE {}").format(ident))
-        admin.close()
+        try:
+            drop_agent_roles(postgres_backend.url)  # as a superuser: it ends their sessions
+        finally:
+            admin.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+            )
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+            admin.execute(sql.SQL("DROP ROLE {}").format(ident))
+            admin.close()
 
 
 # -- the agent's report function is write_reports in SQL ------------------------------

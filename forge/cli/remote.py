@@ -82,7 +82,9 @@ def one_line(text: str, limit: int = 300) -> str:
 
 def web_ui_hint(s: Settings) -> str:
     """Where to see the workflow; a dev server's UI is the gRPC port + 1000."""
-    wid = f"forge-cluster-{s.cluster}"
+    from forge.wire.contract import workflow_id
+
+    wid = workflow_id(s.cluster)
     host, _, port = s.address.rpartition(":")
     if host in ("localhost", "127.0.0.1", "[::1]") and port.isdigit():
         return (
@@ -135,8 +137,10 @@ async def connect_client(s: Settings, timeout: float) -> Any:
 def _rpc_failure(err: RPCError, s: Settings) -> ForgeError:
     from temporalio.service import RPCStatusCode
 
+    from forge.wire.contract import workflow_id
+
     msg = one_line(err.message or str(err))
-    wid = f"forge-cluster-{s.cluster}"
+    wid = workflow_id(s.cluster)
     if err.status == RPCStatusCode.NOT_FOUND and "workflow" in msg.lower():
         return Unavailable(
             f"cluster {s.cluster!r} is not running (no workflow {wid} in namespace "

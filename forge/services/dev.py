@@ -69,6 +69,7 @@ from forge.services.processes import (
     wait_for_server,
 )
 from forge.settings import Settings, SettingsError
+from forge.wire.contract import workflow_id
 from forge.wire.encryption import CodecKeys
 
 __all__ = [
@@ -349,7 +350,7 @@ def _banner(
     store = settings.store_url
     keys = settings.encryption_keys()
     keyfile = shlex.quote(env["FORGE_CODEC_KEY_FILE"])
-    wid = f"forge-cluster-{opts.cluster}"
+    wid = workflow_id(opts.cluster)
     worker = children[-1]
     lines = [
         "",

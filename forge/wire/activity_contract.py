@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-)
+from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
+from forge.serialize import omit_defaults
 from forge.stores.base import Delta
 
 __all__ = [
@@ -199,12 +194,7 @@ class ReportsOut(_Msg):
         "replica's check passed or failed); left out of the JSON when empty",
     )
 
-    @model_serializer(mode="wrap")
-    def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict) and not self.health:
-            data.pop("health", None)
-        return data
+    _omit = omit_defaults("health")
 
 
 class MetricsIn(_Msg):

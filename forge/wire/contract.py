@@ -8,15 +8,16 @@ wire change.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.autoscale import AutoscaleState
 from forge.core.fields import IntAsStr
 from forge.core.models import MAX_REPLICAS, Job, Name, Node
 from forge.core.reconcile import FailureHistory, PendingEntry, ReconcileOptions
 from forge.core.rolling import GroupRollout
+from forge.serialize import omit_defaults
 
 __all__ = [
     "MAX_JOBS_PER_UPDATE",
@@ -209,14 +210,7 @@ class Checkpoint(_Msg):
     preemptions: int = 0
     recent_preemptions: list[PreemptionView] = Field(default_factory=list)
 
-    @model_serializer(mode="wrap")
-    def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for name in ("health", "max_work", "preemptions", "recent_preemptions"):
-                if not getattr(self, name):
-                    data.pop(name, None)
-        return data
+    _omit = omit_defaults("health", "max_work", "preemptions", "recent_preemptions")
 
 
 class ClusterInput(_Msg):
@@ -454,14 +448,7 @@ class LoopStatus(_Msg):
         default_factory=list, description="the most recent preemptions, oldest first"
     )
 
-    @model_serializer(mode="wrap")
-    def _omit_no_rollouts(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for name in ("rollouts", "preemptions", "recent_preemptions"):
-                if not getattr(self, name):
-                    data.pop(name, None)
-        return data
+    _omit = omit_defaults("rollouts", "preemptions", "recent_preemptions")
 
 
 class AssignmentsQuery(_Msg):

@@ -1,0 +1,193 @@
+"""The read side of the cluster workflow's interface: what the loop publishes and
+what a reader gets back.
+
+Each pass that changes something publishes a :class:`LoopStatus` (to the store,
+with its delta) and a :class:`Summary` (to the memo); ``forge status``, ``explain``
+and :class:`~forge.client.client.ForgeClient` read them there and build the views
+below, as the workflow's queries do for an operator. Kept apart from
+:mod:`forge.wire.contract` (which re-exports every name) so that the requests and
+the state a run carries read in one screen; renaming anything here is a wire
+change as well.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.serialize import omit_defaults
+
+__all__ = [
+    "RECENT_PREEMPTIONS",
+    "AssignmentView",
+    "AssignmentsPage",
+    "AssignmentsQuery",
+    "Explanation",
+    "GpuView",
+    "LoopStatus",
+    "NodeView",
+    "PendingView",
+    "PreemptionView",
+    "ResourceView",
+    "RolloutView",
+    "StatusView",
+    "Summary",
+]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PreemptionView(_Msg):
+    """One preemption: ``preemptor`` bound to ``node`` in place of ``victims``."""
+
+    preemptor: str
+    node: str
+    victims: list[str]
+    at: float
+
+
+#: The preemptions the loop keeps (status, explain): the most recent.
+RECENT_PREEMPTIONS = 50
+
+
+class Summary(_Msg):
+    desired: int
+    bound: int
+    pending: int
+    nodes: int
+    jobs: int
+    passes: int
+    generation: int
+    last_pass_at: float | None
+    last_pass: str
+
+    @classmethod
+    def empty(cls) -> Summary:
+        """Before the loop has published anything."""
+        return cls(
+            desired=0,
+            bound=0,
+            pending=0,
+            nodes=0,
+            jobs=0,
+            passes=0,
+            generation=0,
+            last_pass_at=None,
+            last_pass="nothing published yet",
+        )
+
+
+class ResourceView(_Msg):
+    capacity: int
+    allocated: int
+
+
+class GpuView(_Msg):
+    total: int
+    allocated: int
+
+
+class NodeView(_Msg):
+    id: str
+    state: str
+    cpu: ResourceView
+    memory: ResourceView
+    gpus: GpuView
+    replicas: int
+
+
+class AssignmentView(_Msg):
+    workload_id: str
+    node: str
+    gpu_ids: list[str]
+    status: str
+
+
+class PendingView(_Msg):
+    workload_id: str
+    reasons: list[str]
+    kind: str
+    attempts: int
+    not_before: float
+
+
+class StatusView(_Msg):
+    summary: Summary
+    nodes: list[NodeView]
+    pending: list[PendingView]
+    pending_truncated: int = 0
+    notices: list[str] = Field(
+        default_factory=list, description="what needs an operator (a stuck run, dropped input)"
+    )
+    preemptions: int = Field(default=0, description="replicas preempted since the start")
+
+
+class RolloutView(_Msg):
+    """One group's rollout as the loop last planned it."""
+
+    group: str = Field(description="job/group")
+    version: str = Field(description="the version the group moves to")
+    previous: str = Field(description="the last version that was healthy (revert target)")
+    phase: str = Field(description="rolling, awaiting-promotion, failed, revert")
+    waiting: str = Field(default="", description="why nothing more happens now")
+    promoted: bool = False
+    healthy: int = Field(default=0, description="replicas healthy now, any version")
+    updated: int = Field(default=0, description="replicas on the new version counted healthy")
+
+
+class LoopStatus(_Msg):
+    """What the loop publishes each pass that changed something: written to the
+    store in the same transaction as the pass's delta, so a reader of the store
+    sees bindings, nodes and this status from one and the same pass. Forge's own
+    readers (``forge status``, ``explain``, the client) use it instead of a query
+    (a query during a worker takeover can wedge replay: see RELIABILITY.md)."""
+
+    summary: Summary
+    pending: list[PendingView] = Field(default_factory=list, description="the first few")
+    pending_truncated: int = 0
+    reasons: list[tuple[str, int]] = Field(
+        default_factory=list, description="why replicas wait: reason, replicas (top few)"
+    )
+    deferred: int = Field(default=0, description="replicas the work budget left for next pass")
+    notices: list[str] = Field(
+        default_factory=list, description="what an operator should know: dropped signals ..."
+    )
+    state_digest: str = Field(
+        default="",
+        description="forge.stores.base.state_digest of the workflow's bindings after the "
+        "pass: equal to the store's own when the store holds exactly those bindings",
+    )
+    rollouts: list[RolloutView] = Field(
+        default_factory=list,
+        description="rolling updates in progress (left out of the JSON when there are none: "
+        "the status is in the persist digest, which recorded histories must reproduce)",
+    )
+    preemptions: int = Field(default=0, description="preemptions since the cluster started")
+    recent_preemptions: list[PreemptionView] = Field(
+        default_factory=list, description="the most recent preemptions, oldest first"
+    )
+
+    _omit = omit_defaults("rollouts", "preemptions", "recent_preemptions")
+
+
+class AssignmentsQuery(_Msg):
+    after: str = ""
+    limit: int = Field(default=1000, ge=1, le=10_000)
+    node: str | None = None
+
+
+class AssignmentsPage(_Msg):
+    items: list[AssignmentView]
+    next_after: str | None
+
+
+class Explanation(_Msg):
+    workload_id: str
+    state: Literal["bound", "pending", "unknown"]
+    node: str | None = None
+    gpu_ids: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list, description="per-node verdicts (top few)")

@@ -131,7 +131,7 @@ _AGENT_JOB: LiteralString = """CREATE FUNCTION forge_agent_job(p_cluster TEXT, p
             END IF;
             RETURN jsonb_set(v_spec, '{groups}', v_groups)::text;
         END $$"""
-# ``Store.report`` for an agent: ``forge.stores.sql.write_reports`` in SQL, in one
+# ``Store.report`` for an agent: ``forge.stores.sql_writes.write_reports`` in SQL, in one
 # statement (so one transaction: the counter row's lock orders the numbering as the
 # Python path's does). A report is checked as ``TaskReport`` checks it (a malformed
 # row would break the loop's reads) and must name the agent's node; a report about a

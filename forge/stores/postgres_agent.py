@@ -18,7 +18,7 @@ from forge.core.models import Assignment, Job, Node
 from forge.errors import InvalidInput
 from forge.stores.base import StoreError, TaskReport
 from forge.stores.postgres_conn import Connection, Pool, connect_postgres, parse_postgres_url
-from forge.stores.sql import assignment_from_row
+from forge.stores.sql_dialect import assignment_from_row
 
 __all__ = ["AgentRoleError", "PostgresAgentStore", "agent_identity", "open_as_agent"]
 

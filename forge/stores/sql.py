@@ -7,29 +7,34 @@ layout and the simple upserts live here once and a fix lands in both. Queries ar
 written with ``?`` placeholders and two markers, ``{text}`` (read a JSON column
 as text) and ``{jsonb}`` (write text into a JSON column); ``sql()`` renders them
 for a dialect. A backend supplies ``_one`` / ``_all`` (one autocommit read) and
-calls the ``*_rows`` helpers inside its own write transactions.
+calls the ``write_*`` helpers inside its own write transactions.
+
+Three modules, this one the surface: ``forge.stores.sql_dialect`` (``sql()``, the
+assignment row), ``forge.stores.sql_writes`` (the writes, re-exported here) and the
+reads below (``SqlReads``).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
-from functools import cache
-from typing import Any, Literal, LiteralString, Protocol
+from typing import Any, Literal, LiteralString
 
-from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState, TaskGroup
-from forge.core.versions import describe_change
-from forge.stores.base import (
-    Delta,
-    Fence,
-    GroupVersion,
-    JobChange,
-    JobPage,
-    ReplicaState,
-    TaskReport,
-    forgets_state,
-    mean_usage,
-    next_state,
+from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
+from forge.stores.base import Fence, GroupVersion, JobChange, JobPage, TaskReport, mean_usage
+from forge.stores.sql_dialect import (
+    ASSIGNMENT_COLUMNS,
+    ASSIGNMENT_UPSERT_SET,
+    Dialect,
+    assignment_from_row,
+    gpu_ids_json,
+    sql,
+)
+from forge.stores.sql_writes import (
+    forget_states,
+    write_jobs,
+    write_nodes,
+    write_reports,
+    write_status,
+    write_versions,
 )
 
 __all__ = [
@@ -44,59 +49,8 @@ __all__ = [
     "write_nodes",
     "write_reports",
     "write_status",
+    "write_versions",
 ]
-
-Dialect = Literal["sqlite", "postgres"]
-
-
-@cache
-def sql(template: LiteralString, dialect: Dialect) -> LiteralString:
-    """``template`` in ``dialect``: placeholders and JSON casts (see the module doc)."""
-    if dialect == "sqlite":
-        return template.replace("{text}", "").replace("{jsonb}", "")
-    return template.replace("{text}", "::text").replace("{jsonb}", "::jsonb").replace("?", "%s")
-
-
-class _Executor(Protocol):
-    """A ``sqlite3.Connection`` or a psycopg cursor inside a write transaction."""
-
-    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
-    def executemany(self, query: Any, params: Any, /) -> Any: ...
-
-
-#: The columns an assignment is stored in, in ``assignment_from_row`` order.
-_ASSIGNMENT_COLUMNS = (
-    "workload_id, job, grp, ordinal, node, gpu_ids{text}, cpu, memory, status, gpu_milli, version"
-)
-
-#: The ``DO UPDATE SET`` of an assignment upsert (every column but the key).
-ASSIGNMENT_UPSERT_SET: LiteralString = (
-    " ON CONFLICT (cluster, workload_id) DO UPDATE SET job = excluded.job,"
-    " grp = excluded.grp, ordinal = excluded.ordinal, node = excluded.node,"
-    " gpu_ids = excluded.gpu_ids, cpu = excluded.cpu, memory = excluded.memory,"
-    " status = excluded.status, gpu_milli = excluded.gpu_milli, version = excluded.version"
-)
-
-
-def gpu_ids_json(a: Assignment) -> str:
-    return json.dumps(list(a.gpu_ids)) if a.gpu_ids else "[]"
-
-
-def assignment_from_row(row: Sequence[Any]) -> Assignment:
-    workload, job, group, ordinal, node, gpu_ids, cpu, memory, status, milli, version = row
-    return Assignment(
-        workload_id=workload,
-        job=job,
-        group=group,
-        ordinal=ordinal,
-        node=node,
-        gpu_ids=tuple(json.loads(gpu_ids)),
-        cpu=cpu,
-        memory=memory,
-        status=AssignmentStatus(status),
-        gpu_milli=milli,
-        version=version,
-    )
 
 
 def _job(spec: str | None) -> Job | None:
@@ -207,7 +161,7 @@ class SqlReads:
     def assignments(self, cluster: str, after: str = "", limit: int = 5000) -> list[Assignment]:
         rows = self._all(
             self._q(
-                "SELECT " + _ASSIGNMENT_COLUMNS + " FROM assignments"
+                "SELECT " + ASSIGNMENT_COLUMNS + " FROM assignments"
                 " WHERE cluster = ? AND workload_id > ? ORDER BY workload_id LIMIT ?"
             ),
             (cluster, after, max(limit, 0)),
@@ -282,204 +236,3 @@ class SqlReads:
             TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
             for s, w, st, c, m, at, msg, n in rows
         ]
-
-
-# -- writes shared inside the backends' transactions -------------------------------------
-
-
-def write_jobs(
-    db: _Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
-) -> None:
-    """Upsert ``jobs`` with revisions ``first``, ``first + 1``, ... (already reserved)."""
-    db.executemany(
-        sql(
-            "INSERT INTO jobs (cluster, job_id, revision, spec) VALUES (?, ?, ?, ?{jsonb})"
-            " ON CONFLICT (cluster, job_id)"
-            " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
-            dialect,
-        ),
-        [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
-    )
-    write_versions(db, dialect, cluster, jobs, first)
-
-
-def write_versions(
-    db: _Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
-) -> None:
-    """Number each group's new task-spec version (see ``Store.group_versions``)."""
-    rows = []
-    latest: dict[tuple[str, str], tuple[int, str, str]] = {}
-    for i, job in enumerate(jobs):
-        for g in job.groups:
-            key = (job.id, g.name)
-            last = latest.get(key)
-            if last is None:
-                found = db.execute(
-                    sql(
-                        "SELECT number, version, spec{text} FROM group_versions WHERE cluster = ?"
-                        " AND job_id = ? AND grp = ? ORDER BY number DESC LIMIT 1",
-                        dialect,
-                    ),
-                    (cluster, job.id, g.name),
-                ).fetchone()
-                last = (int(found[0]), str(found[1]), str(found[2])) if found else (0, "", "")
-            if last[1] == g.version:
-                continue
-            old = TaskGroup.model_validate_json(last[2]) if last[2] else None
-            spec = g.model_dump_json()
-            rows.append(
-                (
-                    cluster,
-                    job.id,
-                    g.name,
-                    last[0] + 1,
-                    g.version,
-                    first + i,
-                    describe_change(old, g),
-                    spec,
-                )
-            )
-            latest[key] = (last[0] + 1, g.version, spec)
-    if rows:
-        db.executemany(
-            sql(
-                "INSERT INTO group_versions (cluster, job_id, grp, number, version, revision,"
-                " changed, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?{jsonb})",
-                dialect,
-            ),
-            rows,
-        )
-
-
-def write_nodes(db: _Executor, dialect: Dialect, cluster: str, nodes: Iterable[Node]) -> None:
-    db.executemany(
-        sql(
-            "INSERT INTO nodes (cluster, id, spec, state) VALUES (?, ?, ?{jsonb}, ?)"
-            " ON CONFLICT (cluster, id)"
-            " DO UPDATE SET spec = excluded.spec, state = excluded.state",
-            dialect,
-        ),
-        [(cluster, n.id, n.model_dump_json(), n.state.value) for n in nodes],
-    )
-
-
-def write_status(db: _Executor, dialect: Dialect, cluster: str, doc: str) -> None:
-    db.execute(
-        sql(
-            "INSERT INTO loop_status (cluster, doc) VALUES (?, ?)"
-            " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
-            dialect,
-        ),
-        (cluster, doc),
-    )
-
-
-def _states(
-    db: _Executor, dialect: Dialect, cluster: str, workloads: list[str]
-) -> dict[str, ReplicaState]:
-    """The stored ``ReplicaState`` of ``workloads`` (absent: none known), one query."""
-    if dialect == "sqlite":
-        query: LiteralString = (
-            "SELECT workload_id, status, node, healthy FROM report_state WHERE cluster = ?"
-            " AND workload_id IN (SELECT value FROM json_each(?))"
-        )
-        param: object = json.dumps(workloads)
-    else:
-        query = (
-            "SELECT workload_id, status, node, healthy FROM report_state WHERE cluster = %s"
-            " AND workload_id = ANY(%s)"
-        )
-        param = workloads
-    rows = db.execute(query, (cluster, param)).fetchall()
-    return {w: (st, n, None if h is None else bool(h)) for w, st, n, h in rows}
-
-
-def write_reports(
-    db: _Executor,
-    dialect: Dialect,
-    cluster: str,
-    reports: Sequence[TaskReport],
-    reserve: Callable[[int], int],
-) -> int:
-    """Record ``reports`` (``Store.report``) inside the caller's write transaction.
-
-    Each report is compared with its replica's stored state (``next_state``); only
-    the decisions are inserted, numbered from what ``reserve(n)`` returns (it
-    advances the cluster's report counter by ``n`` and returns the last number; by
-    0: the current one). Every report carrying usage is folded into
-    ``latest_usage``. Returns the reports sequence after the batch."""
-    states = _states(db, dialect, cluster, sorted({r.workload_id for r in reports}))
-    changed: dict[str, ReplicaState] = {}
-    decided: list[int] = []
-    for i, r in enumerate(reports):
-        state = next_state(states.get(r.workload_id), r)
-        if state is not None:
-            states[r.workload_id] = changed[r.workload_id] = state
-            decided.append(i)
-    last = reserve(len(decided))
-    seqs = {i: seq for seq, i in enumerate(decided, last - len(decided) + 1)}
-    if decided:
-        db.executemany(
-            sql(
-                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-                " message, node, healthy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                dialect,
-            ),
-            [
-                (
-                    cluster,
-                    seqs[i],
-                    r.workload_id,
-                    r.status,
-                    r.cpu,
-                    r.memory,
-                    r.at,
-                    r.message,
-                    r.node,
-                    r.healthy,
-                )
-                for i, r in ((i, reports[i]) for i in decided)
-            ],
-        )
-        db.executemany(
-            sql(
-                "INSERT INTO report_state (cluster, workload_id, status, node, healthy)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id) DO UPDATE SET"
-                " status = excluded.status, node = excluded.node, healthy = excluded.healthy",
-                dialect,
-            ),
-            [(cluster, w, st, n, h) for w, (st, n, h) in sorted(changed.items())],
-        )
-    usage = [
-        (cluster, r.workload_id, seqs.get(i, 0), r.cpu, r.memory, r.at, r.status, r.message, r.node)
-        for i, r in enumerate(reports)
-        if r.cpu is not None or r.memory is not None
-    ]
-    if usage:
-        # Only reports that carry usage feed group_usage; ">=" lets the later of two
-        # reports with the same timestamp win (rows go in order).
-        db.executemany(
-            sql(
-                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at,"
-                " status, message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (cluster, workload_id)"
-                " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
-                " memory = excluded.memory, at = excluded.at, status = excluded.status,"
-                " message = excluded.message, node = excluded.node"
-                " WHERE excluded.at >= latest_usage.at",
-                dialect,
-            ),
-            usage,
-        )
-    return last
-
-
-def forget_states(db: _Executor, dialect: Dialect, cluster: str, delta: Delta) -> None:
-    """Inside ``apply_delta``: drop the state of the replicas ``delta`` releases or
-    binds pending (``forgets_state``), so their next report is a decision."""
-    gone = forgets_state(delta)
-    if gone:
-        db.executemany(
-            sql("DELETE FROM report_state WHERE cluster = ? AND workload_id = ?", dialect),
-            [(cluster, w) for w in gone],
-        )

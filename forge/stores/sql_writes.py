@@ -1,0 +1,223 @@
+"""The writes the SQLite and PostgreSQL stores share, run inside the backend's own
+write transaction (a ``sqlite3.Connection`` under ``BEGIN IMMEDIATE`` or a psycopg
+cursor in ``conn.transaction()``): jobs and their group versions, nodes, the
+published status, task reports and the replica states they decide on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import LiteralString
+
+from forge.core.models import Job, Node, TaskGroup
+from forge.core.versions import describe_change
+from forge.stores.base import Delta, ReplicaState, TaskReport, forgets_state, next_state
+from forge.stores.sql_dialect import Dialect, Executor, sql
+
+__all__ = [
+    "forget_states",
+    "write_jobs",
+    "write_nodes",
+    "write_reports",
+    "write_status",
+    "write_versions",
+]
+
+
+def write_jobs(
+    db: Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
+) -> None:
+    """Upsert ``jobs`` with revisions ``first``, ``first + 1``, ... (already reserved)."""
+    db.executemany(
+        sql(
+            "INSERT INTO jobs (cluster, job_id, revision, spec) VALUES (?, ?, ?, ?{jsonb})"
+            " ON CONFLICT (cluster, job_id)"
+            " DO UPDATE SET revision = excluded.revision, spec = excluded.spec",
+            dialect,
+        ),
+        [(cluster, j.id, first + i, j.model_dump_json()) for i, j in enumerate(jobs)],
+    )
+    write_versions(db, dialect, cluster, jobs, first)
+
+
+def write_versions(
+    db: Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
+) -> None:
+    """Number each group's new task-spec version (see ``Store.group_versions``)."""
+    rows = []
+    latest: dict[tuple[str, str], tuple[int, str, str]] = {}
+    for i, job in enumerate(jobs):
+        for g in job.groups:
+            key = (job.id, g.name)
+            last = latest.get(key)
+            if last is None:
+                found = db.execute(
+                    sql(
+                        "SELECT number, version, spec{text} FROM group_versions WHERE cluster = ?"
+                        " AND job_id = ? AND grp = ? ORDER BY number DESC LIMIT 1",
+                        dialect,
+                    ),
+                    (cluster, job.id, g.name),
+                ).fetchone()
+                last = (int(found[0]), str(found[1]), str(found[2])) if found else (0, "", "")
+            if last[1] == g.version:
+                continue
+            old = TaskGroup.model_validate_json(last[2]) if last[2] else None
+            spec = g.model_dump_json()
+            rows.append(
+                (
+                    cluster,
+                    job.id,
+                    g.name,
+                    last[0] + 1,
+                    g.version,
+                    first + i,
+                    describe_change(old, g),
+                    spec,
+                )
+            )
+            latest[key] = (last[0] + 1, g.version, spec)
+    if rows:
+        db.executemany(
+            sql(
+                "INSERT INTO group_versions (cluster, job_id, grp, number, version, revision,"
+                " changed, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?{jsonb})",
+                dialect,
+            ),
+            rows,
+        )
+
+
+def write_nodes(db: Executor, dialect: Dialect, cluster: str, nodes: Iterable[Node]) -> None:
+    db.executemany(
+        sql(
+            "INSERT INTO nodes (cluster, id, spec, state) VALUES (?, ?, ?{jsonb}, ?)"
+            " ON CONFLICT (cluster, id)"
+            " DO UPDATE SET spec = excluded.spec, state = excluded.state",
+            dialect,
+        ),
+        [(cluster, n.id, n.model_dump_json(), n.state.value) for n in nodes],
+    )
+
+
+def write_status(db: Executor, dialect: Dialect, cluster: str, doc: str) -> None:
+    db.execute(
+        sql(
+            "INSERT INTO loop_status (cluster, doc) VALUES (?, ?)"
+            " ON CONFLICT (cluster) DO UPDATE SET doc = excluded.doc",
+            dialect,
+        ),
+        (cluster, doc),
+    )
+
+
+def _states(
+    db: Executor, dialect: Dialect, cluster: str, workloads: list[str]
+) -> dict[str, ReplicaState]:
+    """The stored ``ReplicaState`` of ``workloads`` (absent: none known), one query."""
+    if dialect == "sqlite":
+        query: LiteralString = (
+            "SELECT workload_id, status, node, healthy FROM report_state WHERE cluster = ?"
+            " AND workload_id IN (SELECT value FROM json_each(?))"
+        )
+        param: object = json.dumps(workloads)
+    else:
+        query = (
+            "SELECT workload_id, status, node, healthy FROM report_state WHERE cluster = %s"
+            " AND workload_id = ANY(%s)"
+        )
+        param = workloads
+    rows = db.execute(query, (cluster, param)).fetchall()
+    return {w: (st, n, None if h is None else bool(h)) for w, st, n, h in rows}
+
+
+def write_reports(
+    db: Executor,
+    dialect: Dialect,
+    cluster: str,
+    reports: Sequence[TaskReport],
+    reserve: Callable[[int], int],
+) -> int:
+    """Record ``reports`` (``Store.report``) inside the caller's write transaction.
+
+    Each report is compared with its replica's stored state (``next_state``); only
+    the decisions are inserted, numbered from what ``reserve(n)`` returns (it
+    advances the cluster's report counter by ``n`` and returns the last number; by
+    0: the current one). Every report carrying usage is folded into
+    ``latest_usage``. Returns the reports sequence after the batch."""
+    states = _states(db, dialect, cluster, sorted({r.workload_id for r in reports}))
+    changed: dict[str, ReplicaState] = {}
+    decided: list[int] = []
+    for i, r in enumerate(reports):
+        state = next_state(states.get(r.workload_id), r)
+        if state is not None:
+            states[r.workload_id] = changed[r.workload_id] = state
+            decided.append(i)
+    last = reserve(len(decided))
+    seqs = {i: seq for seq, i in enumerate(decided, last - len(decided) + 1)}
+    if decided:
+        db.executemany(
+            sql(
+                "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
+                " message, node, healthy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                dialect,
+            ),
+            [
+                (
+                    cluster,
+                    seqs[i],
+                    r.workload_id,
+                    r.status,
+                    r.cpu,
+                    r.memory,
+                    r.at,
+                    r.message,
+                    r.node,
+                    r.healthy,
+                )
+                for i, r in ((i, reports[i]) for i in decided)
+            ],
+        )
+        db.executemany(
+            sql(
+                "INSERT INTO report_state (cluster, workload_id, status, node, healthy)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id) DO UPDATE SET"
+                " status = excluded.status, node = excluded.node, healthy = excluded.healthy",
+                dialect,
+            ),
+            [(cluster, w, st, n, h) for w, (st, n, h) in sorted(changed.items())],
+        )
+    usage = [
+        (cluster, r.workload_id, seqs.get(i, 0), r.cpu, r.memory, r.at, r.status, r.message, r.node)
+        for i, r in enumerate(reports)
+        if r.cpu is not None or r.memory is not None
+    ]
+    if usage:
+        # Only reports that carry usage feed group_usage; ">=" lets the later of two
+        # reports with the same timestamp win (rows go in order).
+        db.executemany(
+            sql(
+                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at,"
+                " status, message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (cluster, workload_id)"
+                " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
+                " memory = excluded.memory, at = excluded.at, status = excluded.status,"
+                " message = excluded.message, node = excluded.node"
+                " WHERE excluded.at >= latest_usage.at",
+                dialect,
+            ),
+            usage,
+        )
+    return last
+
+
+def forget_states(db: Executor, dialect: Dialect, cluster: str, delta: Delta) -> None:
+    """Inside ``apply_delta``: drop the state of the replicas ``delta`` releases or
+    binds pending (``forgets_state``), so their next report is a decision."""
+    gone = forgets_state(delta)
+    if gone:
+        db.executemany(
+            sql("DELETE FROM report_state WHERE cluster = ? AND workload_id = ?", dialect),
+            [(cluster, w) for w in gone],
+        )

@@ -104,7 +104,7 @@ class _RandomModule:
     Random = _ReversedShuffle
 
 
-_ORIGINAL_BACKOFF = placing.backoff_delay
+_ORIGINAL_BACKOFF = waiting.backoff_delay
 _ORIGINAL_RESCHEDULE = waiting.reschedule_delay
 
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
-from forge.core.models import AssignmentStatus, Job, Request, TaskGroup, workload_id
+from forge.core.groups import Group, Groups
+from forge.core.models import AssignmentStatus, Request, TaskGroup, workload_id
 from forge.core.placement import Binding
 from forge.core.rollout import Health, Phase, Replica, Rollout, Step, UpdatePolicy, step
 
@@ -101,7 +102,7 @@ def _health(
 
 def plan_rollouts(
     *,
-    groups: Mapping[tuple[str, str], tuple[Job, TaskGroup, Request]],
+    groups: Groups,
     bindings: Mapping[str, Binding],
     rollouts: Mapping[str, GroupRollout],
     since: Mapping[str, float],
@@ -128,64 +129,107 @@ def plan_rollouts(
     if only is not None:
         keys = {k for k in (*only, *map(_group_key, rollouts)) if k in groups}
     for key in sorted(keys):
-        job, g, req = groups[key]
+        entry = groups[key]
         name = f"{key[0]}/{key[1]}"
-        current = rollouts.get(name)
-        desired = g.scaling.desired
-        checked = health is not None and has_check(g)
-        replicas: list[Replica] = []
-        for ordinal in range(desired):
-            wid = workload_id(job.id, g.name, ordinal)
-            b = bindings.get(wid)
-            if b is None:
-                gone = failed.get(wid)
-                if gone is not None and gone.version == g.version:
-                    replicas.append(Replica(ordinal, g.version, Health.UNHEALTHY, now))
-                continue
-            if not b.version:
-                if len(out.stamped) < MAX_STAMPS:
-                    b.version = version_of(b, g, req)
-                    out.stamped.append(wid)
-                else:
-                    out.unstamped.add(key)
-            verdict = health.get(wid) if checked and health is not None else None
-            state, at = _health(b, since, wid, verdict)
-            replicas.append(Replica(ordinal, version_of(b, g, req), state, at))
-        if current is None:
-            old = [r for r in replicas if r.version != g.version]
-            if not old:
-                continue  # nothing to roll
-            current = GroupRollout(Rollout(g.version, old[0].version))
-        elif current.rollout.version != g.version:
-            # changed again mid-rollout: roll to the newest, back to the last good one
-            current = GroupRollout(Rollout(g.version, current.rollout.previous))
-        if name in promoted and not current.rollout.promoted:
-            current = replace(current, rollout=replace(current.rollout, promoted=True))
-        if current.failed:
-            out.rollouts[name] = current
-            out.steps[name] = Step(phase=Phase.FAILED, waiting=current.failed)
-            continue
-        policy = g.update or DEFAULT_POLICY
-        s = step(
-            desired=desired, replicas=replicas, rollout=current.rollout, policy=policy, now=now
-        )
-        out.steps[name] = s
-        if s.phase is Phase.DONE:
-            continue  # finished: forgotten
-        if s.phase in (Phase.FAILED, Phase.REVERT):
-            kept = GroupRollout(current.rollout, failed=s.waiting or "failed")
-            if s.phase is Phase.REVERT and current.rollout.previous != LEGACY:
-                out.revert[name] = current.rollout.previous
-                kept = replace(kept, revert_asked=True)
-            out.rollouts[name] = kept
-            continue
-        out.rollouts[name] = replace(current, rollout=s.rollout or current.rollout)
-        out.stop.extend(workload_id(job.id, g.name, o) for o in s.stop)
-        if s.stop:  # placed again this pass: their deadline, should no report come
-            wakes.append(now + policy.healthy_deadline)
-        if s.wake_at is not None:
-            wakes.append(s.wake_at)
+        replicas = _replicas(key, entry, bindings, failed, health, since, now, out)
+        current = _current(rollouts.get(name), entry.spec, replicas, name in promoted)
+        if current is not None:
+            _roll(name, entry, current, replicas, now, out, wakes)
     if len(out.stamped) >= MAX_STAMPS:
         wakes.append(now)  # more to stamp: the next pass at once
     out.wake = min(wakes) if wakes else None
     return out
+
+
+def _replicas(
+    key: tuple[str, str],
+    entry: Group,
+    bindings: Mapping[str, Binding],
+    failed: Mapping[str, Binding],
+    health: Mapping[str, bool] | None,
+    since: Mapping[str, float],
+    now: float,
+    out: RolloutPlan,
+) -> list[Replica]:
+    """A group's replicas as a rollout sees them (version, health), stamping the
+    versions of bindings recorded before versions (at most MAX_STAMPS a pass)."""
+    job, g, req = entry
+    checked = health is not None and has_check(g)
+    replicas: list[Replica] = []
+    for ordinal in range(g.scaling.desired):
+        wid = workload_id(job.id, g.name, ordinal)
+        b = bindings.get(wid)
+        if b is None:
+            gone = failed.get(wid)
+            if gone is not None and gone.version == g.version:
+                replicas.append(Replica(ordinal, g.version, Health.UNHEALTHY, now))
+            continue
+        if not b.version:
+            if len(out.stamped) < MAX_STAMPS:
+                b.version = version_of(b, g, req)
+                out.stamped.append(wid)
+            else:
+                out.unstamped.add(key)
+        verdict = health.get(wid) if checked and health is not None else None
+        state, at = _health(b, since, wid, verdict)
+        replicas.append(Replica(ordinal, version_of(b, g, req), state, at))
+    return replicas
+
+
+def _current(
+    current: GroupRollout | None, g: TaskGroup, replicas: list[Replica], promoted: bool
+) -> GroupRollout | None:
+    """The group's rollout this pass: the one under way (retargeted if the spec
+    changed again), a new one if a replica is off the group's version, or None."""
+    if current is None:
+        old = [r for r in replicas if r.version != g.version]
+        if not old:
+            return None  # nothing to roll
+        current = GroupRollout(Rollout(g.version, old[0].version))
+    elif current.rollout.version != g.version:
+        # changed again mid-rollout: roll to the newest, back to the last good one
+        current = GroupRollout(Rollout(g.version, current.rollout.previous))
+    if promoted and not current.rollout.promoted:
+        current = replace(current, rollout=replace(current.rollout, promoted=True))
+    return current
+
+
+def _roll(
+    name: str,
+    entry: Group,
+    current: GroupRollout,
+    replicas: list[Replica],
+    now: float,
+    out: RolloutPlan,
+    wakes: list[float],
+) -> None:
+    """One group's step of its rollout, written into ``out``."""
+    job, g, _ = entry
+    if current.failed:
+        out.rollouts[name] = current
+        out.steps[name] = Step(phase=Phase.FAILED, waiting=current.failed)
+        return
+    policy = g.update or DEFAULT_POLICY
+    s = step(
+        desired=g.scaling.desired,
+        replicas=replicas,
+        rollout=current.rollout,
+        policy=policy,
+        now=now,
+    )
+    out.steps[name] = s
+    if s.phase is Phase.DONE:
+        return  # finished: forgotten
+    if s.phase in (Phase.FAILED, Phase.REVERT):
+        kept = GroupRollout(current.rollout, failed=s.waiting or "failed")
+        if s.phase is Phase.REVERT and current.rollout.previous != LEGACY:
+            out.revert[name] = current.rollout.previous
+            kept = replace(kept, revert_asked=True)
+        out.rollouts[name] = kept
+        return
+    out.rollouts[name] = replace(current, rollout=s.rollout or current.rollout)
+    out.stop.extend(workload_id(job.id, g.name, o) for o in s.stop)
+    if s.stop:  # placed again this pass: their deadline, should no report come
+        wakes.append(now + policy.healthy_deadline)
+    if s.wake_at is not None:
+        wakes.append(s.wake_at)

@@ -142,23 +142,12 @@ def step(
 
     # A new replica past its deadline fails the rollout, whatever else is going on.
     wakes: list[float] = []
-    for r in unsettled:
-        if r.health is Health.HEALTHY:
-            wakes.append(r.since + policy.min_healthy_time)
-            continue
-        deadline = r.since + policy.healthy_deadline
-        if r.health is Health.UNHEALTHY or now >= deadline:
-            phase = Phase.REVERT if policy.auto_revert else Phase.FAILED
-            why = f"replica {r.ordinal} on version {rollout.version} not healthy within "
-            why += (
-                f"{policy.healthy_deadline:g}s" if r.health is Health.STARTING else "its deadline"
-            )
-            if r.health is Health.UNHEALTHY:
-                why = f"replica {r.ordinal} on version {rollout.version} is unhealthy"
-            return Step(
-                phase=phase, waiting=why, rollout=rollout, healthy=healthy, updated=len(settled)
-            )
-        wakes.append(deadline)
+    failed = _overdue(unsettled, rollout, policy, now, wakes)
+    if failed is not None:
+        phase = Phase.REVERT if policy.auto_revert else Phase.FAILED
+        return Step(
+            phase=phase, waiting=failed, rollout=rollout, healthy=healthy, updated=len(settled)
+        )
 
     missing = desired - len(live)  # ordinals nobody holds: placement fills them (new version)
     if not old:
@@ -202,6 +191,31 @@ def step(
         healthy=base.healthy,
         updated=len(settled),
     )
+
+
+def _overdue(
+    unsettled: list[Replica],
+    rollout: Rollout,
+    policy: UpdatePolicy,
+    now: float,
+    wakes: list[float],
+) -> str | None:
+    """Why a new replica fails the rollout (unhealthy, or not healthy by its
+    deadline), or None; the moments the answer may change go into ``wakes``."""
+    for r in unsettled:
+        if r.health is Health.HEALTHY:
+            wakes.append(r.since + policy.min_healthy_time)
+            continue
+        deadline = r.since + policy.healthy_deadline
+        if r.health is Health.UNHEALTHY:
+            return f"replica {r.ordinal} on version {rollout.version} is unhealthy"
+        if now >= deadline:
+            why = f"replica {r.ordinal} on version {rollout.version} not healthy within "
+            return why + (
+                f"{policy.healthy_deadline:g}s" if r.health is Health.STARTING else "its deadline"
+            )
+        wakes.append(deadline)
+    return None
 
 
 def _wait(base: Step, why: str, wakes: list[float]) -> Step:

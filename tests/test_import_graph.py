@@ -1,8 +1,10 @@
 """``forge/`` has no import cycles: every arrow between its modules points one way.
 
-The graph is read from the source with ``ast`` (imports inside functions count,
-``if TYPE_CHECKING:`` blocks do not: they never run), so a lazy import cannot hide
-a cycle that a later refactor would turn into an import-time failure.
+The graph is read from the source with ``ast``, every import counted: those inside
+functions and those under ``if TYPE_CHECKING:`` too, so neither a lazy import nor a
+type-only one can hide a cycle (a circle drawn only for the type checker is still
+two modules that cannot be understood apart, and the next refactor that needs the
+name at run time turns it into an import-time failure).
 """
 
 from __future__ import annotations
@@ -20,21 +22,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
     found: set[str] = set()
     pending: list[ast.AST] = [tree]
     while pending:
         node = pending.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            pending.extend(node.orelse)
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -105,7 +97,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_relative_and_type_checking_imports_are_read_right() -> None:
     known = {"p", "p.a", "p.b", "p.c"}
     tree = ast.parse("from . import a\nfrom .b import x\nif TYPE_CHECKING:\n    from p import c\n")
-    assert _imports(tree, "p", True, known) == {"p.a", "p.b"}
+    assert _imports(tree, "p", True, known) == {"p.a", "p.b", "p.c"}
     assert _imports(ast.parse("from . import b"), "p.a", False, known) == {"p.b"}
 
 

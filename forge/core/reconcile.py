@@ -203,7 +203,7 @@ class _Pass:
         if carry is None:
             checked = len(bindings)
             self.bound = release_all(
-                self.plan,
+                self.plan.bindings,
                 bindings,
                 self.groups,
                 self.cluster,

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from forge.core.groups import Group, Groups, groups_of
 from forge.core.models import AssignmentStatus, Job, Node, NodeState, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, NodeAlloc
-from forge.core.plan import Plan
 from forge.core.queue import Queue
 
 __all__ = [
@@ -188,7 +187,7 @@ def _reason(
 
 
 def release_all(
-    plan: Plan,
+    kept: dict[str, Binding],
     bindings: Mapping[str, Binding],
     groups: Groups,
     cluster: Cluster,
@@ -197,7 +196,8 @@ def release_all(
     release: Release,
     rolling: bool = False,
 ) -> dict[tuple[str, str], int]:
-    """Check every binding, in order, holding the kept ones (a pass without a carry).
+    """Check every binding, in order, holding the kept ones (a pass without a carry)
+    and adding them to ``kept`` (the plan's bindings).
 
     The hot loop of a large cluster's first pass: the common case (a healthy binding
     on a ready node, no GPUs) touches a handful of attributes."""
@@ -228,7 +228,7 @@ def release_all(
         if reason is None:
             assert alloc is not None
             if alloc.hold(b):
-                plan.bindings[wid] = b
+                kept[wid] = b
                 bound_per_group[key] = bound_per_group.get(key, 0) + 1
                 continue
             reason = "node capacity changed"

@@ -31,7 +31,6 @@ from typing import Any, LiteralString
 import psycopg
 
 from forge.core.models import Assignment, Job
-from forge.stores import migrations
 from forge.stores.base import (
     ApplyResult,
     Delta,
@@ -41,6 +40,7 @@ from forge.stores.base import (
     check_fence,
     delta_digest,
 )
+from forge.stores.migrations import migrate as migrate_schema
 from forge.stores.postgres_agent import (
     AgentRoleError,
     PostgresAgentStore,
@@ -88,7 +88,7 @@ class PostgresStore(SqlReads):
         self._pool = Pool(conninfo, max_connections)
         conn = psycopg.connect(conninfo, autocommit=True)
         try:
-            self.schema_version = migrations.migrate(conn, schema=self.schema) if migrate else None
+            self.schema_version = migrate_schema(conn, schema=self.schema) if migrate else None
         except BaseException:
             conn.close()
             raise

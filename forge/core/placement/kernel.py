@@ -15,15 +15,13 @@ than through properties.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from forge.core.models import GPU_MILLI, Request
-
-if TYPE_CHECKING:
-    from forge.core.placement.state import NodeAlloc
+from forge.core.models import GPU_MILLI, Node, Request
 
 __all__ = [
     "GPU_WEIGHT",
+    "Alloc",
     "Shortfall",
     "default_score",
     "fits",
@@ -32,6 +30,24 @@ __all__ = [
 ]
 
 GPU_WEIGHT = 2.0  # the original weighs GPU utilisation double: GPUs are the scarce part
+
+
+class Alloc(Protocol):
+    """What the kernel reads of a node's allocation during a pass: the slots of
+    :class:`forge.core.placement.state.NodeAlloc` (declared here, so the kernel
+    depends on no module above it)."""
+
+    node: Node
+    cpu_used: int
+    mem_used: int
+    gpus_used: int
+    milli_free: int
+    res_cpu: int
+    res_mem: int
+
+    def matching_gpus(self, req: Request, *, free_only: bool) -> list[int]: ...
+
+    def shared_gpus(self, req: Request) -> list[int]: ...
 
 
 class Shortfall:
@@ -44,7 +60,7 @@ class Shortfall:
     RESERVED = 3  # cpu or memory held for the node's free GPUs
 
 
-def fits(node: NodeAlloc, req: Request) -> bool:
+def fits(node: Alloc, req: Request) -> bool:
     """Can the node take the request now: cpu, memory (net of the GPU reservation
     for work that asks no GPU), then wholly free devices or one device with room
     for a share."""
@@ -67,7 +83,7 @@ def fits(node: NodeAlloc, req: Request) -> bool:
     )
 
 
-def shortfall(node: NodeAlloc, req: Request) -> int:
+def shortfall(node: Alloc, req: Request) -> int:
     """The first dimension in which a node that does not :func:`fits` falls short,
     in the filter chain's order (GPU, cpu, memory, then the reservation)."""
     n = node.node
@@ -84,7 +100,7 @@ def shortfall(node: NodeAlloc, req: Request) -> int:
     return Shortfall.RESERVED
 
 
-def utilisation_after(node: NodeAlloc, req: Request) -> float:
+def utilisation_after(node: Alloc, req: Request) -> float:
     """Weighted mean utilisation (0..1) of the node if the replica were placed."""
     n = node.node
     total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
@@ -98,7 +114,7 @@ def utilisation_after(node: NodeAlloc, req: Request) -> float:
     return total / 2.0
 
 
-def default_score(node: NodeAlloc, req: Request, spread: bool, preserve: bool) -> float:
+def default_score(node: Alloc, req: Request, spread: bool, preserve: bool) -> float:
     """The default chains' combined score (0..100) in one call: binpack or spread
     (``spread``), with GpuPreserve averaged in (``preserve``, placement version 1)
     or, for binpack without it, PackUsed's "a node in use first". The same numbers

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 from forge.core.models import Request
+from forge.core.placement.fragmentation import Fgd
+from forge.core.placement.gpu import BestFit, DotProduct, GpuClustering, GpuPacking, RandomFit
 from forge.core.placement.kernel import GPU_WEIGHT, utilisation_after
 from forge.core.placement.state import NodeAlloc
 
@@ -128,24 +130,20 @@ def scorers_for(
         if version >= 2:
             return (Weighted(Spread(), 1.0),)
         return (Weighted(Spread(), 1.0), Weighted(GpuPreserve(), 1.0))
-    # the GPU-sharing policies build on this module (imported late: no cycle)
-    from forge.core.placement import gpu
-    from forge.core.placement.fragmentation import Fgd
-
     if algorithm == "fgd":
         return (Weighted(Fgd(workload), 1.0),)
     if algorithm == "fgd2":
         return (Weighted(Fgd(workload, memory=True), 1.0),)
     if algorithm == "best-fit":
-        return (Weighted(gpu.BestFit(), 1.0),)
+        return (Weighted(BestFit(), 1.0),)
     if algorithm == "dot-product":
-        return (Weighted(gpu.DotProduct(), 1.0),)
+        return (Weighted(DotProduct(), 1.0),)
     if algorithm == "gpu-packing":
-        return (Weighted(gpu.GpuPacking(), 1.0),)
+        return (Weighted(GpuPacking(), 1.0),)
     if algorithm == "gpu-clustering":
-        return (Weighted(gpu.GpuClustering(), 1.0),)
+        return (Weighted(GpuClustering(), 1.0),)
     if algorithm == "random":
-        return (Weighted(gpu.RandomFit(seed), 1.0),)
+        return (Weighted(RandomFit(seed), 1.0),)
     raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
 
 

@@ -1,13 +1,16 @@
-"""Presentation for the ``forge`` command: tables, units, grouped reasons, JSON shapes.
+"""Presentation shared by the ``forge`` command and the services: tables, units,
+grouped reasons, JSON shapes.
 
-Kept apart from :mod:`forge.cli`'s command modules so the command code reads as "get data, hand it
-to a renderer", and so ``forge dev`` prints status exactly the way ``forge status``
-does. Nothing here talks to a server or reads a file: every function takes plain
-data (models of :mod:`forge.wire.contract`, a :class:`forge.core.reconcile.Plan`) and returns
-strings or JSON-ready dicts, which keeps it testable without a cluster.
+Below both :mod:`forge.cli` and :mod:`forge.services` (neither imports upwards) so
+the command code reads as "get data, hand it to a renderer", and so ``forge dev``
+prints status exactly the way ``forge status`` does. Nothing here talks to a
+server or reads a file: every function takes plain data (models of
+:mod:`forge.wire.contract`) and returns strings or JSON-ready dicts, which keeps it
+testable without a cluster. ``forge plan``'s own output is
+:mod:`forge.cli.plan_output`.
 
-The JSON shapes built here (``plan_json``, ``status_json``) are the CLI's
-machine interface: scripts depend on their keys, so change them only by adding.
+The JSON shape built here (``status_json``) is the CLI's machine interface:
+scripts depend on its keys, so change it only by adding.
 """
 
 from __future__ import annotations

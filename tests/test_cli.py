@@ -19,8 +19,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from forge import cli
-from forge.cli import output
+from forge import cli, render
 from forge.client.client import ForgeClient
 from forge.core.models import Job, Node
 from forge.loaders import load_jobs, load_nodes
@@ -371,12 +370,12 @@ def test_console_script_exit_codes_and_no_tracebacks(tmp_path: Path) -> None:
 def test_pending_reasons_group_by_kind_not_by_count() -> None:
     a = "0/1523 nodes available: 1496 insufficient gpu, 27 insufficient cpu"
     b = "0/1523 nodes available: 12 insufficient cpu, 1511 insufficient gpu"
-    assert output.reason_key(a) == output.reason_key(b) == "insufficient cpu, insufficient gpu"
-    assert output.reason_key("0/0 nodes available") == "no nodes registered"
-    assert output.reason_key("failed on n1; rescheduling in 30s") == (
+    assert render.reason_key(a) == render.reason_key(b) == "insufficient cpu, insufficient gpu"
+    assert render.reason_key("0/0 nodes available") == "no nodes registered"
+    assert render.reason_key("failed on n1; rescheduling in 30s") == (
         "failed on n1; rescheduling in 30s"
     )
-    groups = output.group_reasons([("x/g/0", [a]), ("y/g/0", [b]), ("z/g/0", ["other"])])
+    groups = render.group_reasons([("x/g/0", [a]), ("y/g/0", [b]), ("z/g/0", ["other"])])
     assert groups == [("insufficient cpu, insufficient gpu", 2, "x/g/0"), ("other", 1, "z/g/0")]
 
 
@@ -403,10 +402,10 @@ def test_status_of_a_big_cluster_shows_the_busiest_and_the_unready_nodes() -> No
         last_pass_at=None,
         last_pass="pass 1",
     )
-    text = output.status_text("big", c.StatusView(summary=summary, nodes=nodes, pending=[]))
+    text = render.status_text("big", c.StatusView(summary=summary, nodes=nodes, pending=[]))
     rows = [line for line in text.splitlines() if re.match(r"n\d{3} ", line)]
     assert "nodes: 100 ready, 1 lost" in text
-    assert len(rows) == output.TOP + 1
+    assert len(rows) == render.TOP + 1
     assert any(r.split()[:2] == ["n100", "lost"] for r in rows)
     busiest = Counter(int(r.split()[-1]) for r in rows if "ready" in r)
     assert busiest == {6: 14, 5: 6}  # the 20 nodes with the most replicas
@@ -745,15 +744,15 @@ def test_status_shows_what_the_agents_report_each_node_uses_and_its_ports() -> N
     view = c.StatusView(summary=summary, nodes=[node("n1"), node("n2")], pending=[])
     ports = tuple(("web/a/0", f"p{i}", 8000 + i) for i in range(8))
     usage = {"n1": NodeUsage(cpu=1250, memory=2048, reporting=2, ports=ports)}
-    text = output.status_text("c", view, usage)
+    text = render.status_text("c", view, usage)
     header = next(line for line in text.splitlines() if line.startswith("NODE"))
     assert header.split()[-4:] == ["USED", "MEMORY", "USED", "PORTS"]
     n1 = next(line for line in text.splitlines() if line.startswith("n1 "))
     assert "1.25" in n1 and "2 GiB" in n1 and "8000,8001,8002,8003,8004,8005 +2" in n1
     n2 = next(line for line in text.splitlines() if line.startswith("n2 "))
     assert n2.split()[-3:] == ["-", "-", "-"]
-    assert "PORTS" not in output.status_text("c", view)  # no agents: the table as before
-    doc = output.status_json(view, [], usage)
+    assert "PORTS" not in render.status_text("c", view)  # no agents: the table as before
+    doc = render.status_json(view, [], usage)
     assert doc["nodes"][0]["usage"]["ports"][0] == {
         "workload_id": "web/a/0",
         "name": "p0",

@@ -116,11 +116,23 @@ LAYERS: dict[str, frozenset[str]] = {
     "loaders": frozenset({"core", "errors"}),
     "client": frozenset({"core", "errors", "settings", "stores", "wire"}),
     "agent": frozenset({"client", "core", "errors", "settings", "stores"}),
+    "render": frozenset({"core", "wire"}),
     "services": frozenset(
-        {"cli.output", "client", "core", "errors", "loaders", "settings", "stores", "wire"}
+        {"client", "core", "errors", "loaders", "render", "settings", "stores", "wire"}
     ),
     "cli": frozenset(
-        {"agent", "client", "core", "errors", "loaders", "services", "settings", "stores", "wire"}
+        {
+            "agent",
+            "client",
+            "core",
+            "errors",
+            "loaders",
+            "render",
+            "services",
+            "settings",
+            "stores",
+            "wire",
+        }
     ),
 }
 

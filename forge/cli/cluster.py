@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from forge.cli import output
+from forge import render
 from forge.cli.params import store_option, temporal_options
 from forge.cli.remote import (
     connect_client,
@@ -89,13 +89,13 @@ def status(as_json: bool, assignments: bool, connect_timeout: float, **flags: st
         notices = [await _stuck(s, connect_timeout)] if seen.maybe_stuck else []
         view = view.model_copy(update={"notices": [n for n in notices if n] + view.notices})
         if as_json:
-            print_json(output.status_json(view, reads.assignment_views(found), usage))
+            print_json(render.status_json(view, reads.assignment_views(found), usage))
             return 0
-        print(output.status_text(s.cluster, view, usage))
+        print(render.status_text(s.cluster, view, usage))
         if assignments:
             rows = [(a.workload_id, a.node, ",".join(a.gpu_ids) or "-", a.status) for a in found]
             print()
-            print(output.table(("WORKLOAD", "NODE", "GPUS", "STATUS"), rows))
+            print(render.table(("WORKLOAD", "NODE", "GPUS", "STATUS"), rows))
         return 0
 
     return remote_reader(s, connect_timeout, action)
@@ -130,7 +130,7 @@ def explain(workload_id: str, connect_timeout: float, **flags: str | None) -> in
     WORKLOAD_ID is job/group/ordinal, e.g. web/api/0."""
 
     async def action(fc: ForgeClient) -> int:
-        print(output.explain_text(await fc.explain(workload_id)))
+        print(render.explain_text(await fc.explain(workload_id)))
         return 0
 
     return remote(settings(**flags), connect_timeout, action, reads_store=True)

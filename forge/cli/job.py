@@ -64,7 +64,7 @@ def validate(file: str) -> int:
 @click.option("--no-wait", is_flag=True, help="return once stored, before the pass that plans it")
 @temporal_options
 def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -> int:
-    from forge.cli import output
+    from forge import render
 
     jobs = load_jobs(file)  # before connecting: bad input fails fast, offline
     wait = not no_wait
@@ -76,7 +76,7 @@ def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -
         if len(jobs) <= MANY_JOBS:
             for r in results:
                 if wait:
-                    print(output.job_result_line(r))
+                    print(render.job_result_line(r))
                 else:
                     print(
                         f"{r.job_id}: submitted (revision {r.revision}; not waiting for placement)"
@@ -158,11 +158,11 @@ class _Progress:
 @click.argument("count", metavar="COUNT", type=Checked(replicas))
 @temporal_options
 def scale(job_id: str, group: str, count: int, connect_timeout: float, **flags: str | None) -> int:
-    from forge.cli import output
+    from forge import render
 
     async def action(fc: ForgeClient) -> int:
         r = await fc.scale(job_id, group, count)
-        print(f"{job_id}/{group} scaled to {count}; {output.job_result_line(r)}")
+        print(f"{job_id}/{group} scaled to {count}; {render.job_result_line(r)}")
         return 0
 
     return remote(settings(**flags), connect_timeout, action)
@@ -205,11 +205,11 @@ def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str
 def revert(
     job_id: str, version: str, group: str | None, connect_timeout: float, **flags: str | None
 ) -> int:
-    from forge.cli import output
+    from forge import render
 
     async def action(fc: ForgeClient) -> int:
         r = await fc.revert(job_id, version, group)
-        print(f"{job_id}: reverted to {version}; {output.job_result_line(r)}")
+        print(f"{job_id}: reverted to {version}; {render.job_result_line(r)}")
         return 0
 
     return remote(settings(**flags), connect_timeout, action, reads_store=True)
@@ -241,7 +241,7 @@ def stop(job_id: str, connect_timeout: float, **flags: str | None) -> int:
 @cluster_option
 @click.option("--json", "as_json", is_flag=True, help="print a JSON list")
 def list_(store: str | None, cluster: str | None, as_json: bool) -> int:
-    from forge.cli import output
+    from forge import render
 
     s = settings(store=store, cluster=cluster)
     url = s.store_url
@@ -274,7 +274,7 @@ def list_(store: str | None, cluster: str | None, as_json: bool) -> int:
     elif not jobs:
         print(f"no jobs in cluster {s.cluster} (store {safe_url(url)})")
     else:
-        print(output.jobs_table(jobs, bound))
+        print(render.jobs_table(jobs, bound))
     return 0
 
 

@@ -9,7 +9,8 @@ from typing import cast
 
 import click
 
-from forge.cli import output, plan_output
+from forge import render
+from forge.cli import plan_output
 from forge.cli.params import Checked, nonnegative_int, permille
 from forge.cli.remote import print_json
 from forge.core.models import Job
@@ -83,7 +84,7 @@ def plan(
     )
     show = sys.stderr.isatty() and not (as_json and not sys.stdout.isatty())
     message = f"planning {replicas:,} replicas on {len(node_list):,} nodes..."
-    with output.Spinner(message, enabled=show):
+    with render.Spinner(message, enabled=show):
         start = time.perf_counter()
         result = reconcile(
             jobs={j.id: j for j in job_list},

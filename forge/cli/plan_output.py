@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from forge.cli.output import TOP, cores, gib, more, pct, reasons_table, table
 from forge.core.models import Node
+from forge.render import TOP, cores, gib, more, pct, reasons_table, table
 
 if TYPE_CHECKING:
     from forge.core.placement import Binding

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forge.cli import output
+from forge import render
 from forge.loaders import load_jobs
 from forge.services.processes import DevError
 from forge.wire.views import parse_ports
@@ -104,7 +104,7 @@ async def demo(fc: ForgeClient, *, timeout: float = DEMO_TIMEOUT) -> bool:
     say(f"demo: {len(DEMO_AGENTS)} local agents registered: {', '.join(DEMO_AGENTS)}")
     for job in jobs:
         result = await fc.submit_job(job)
-        say(f"demo: submitted {output.job_result_line(result)}")
+        say(f"demo: submitted {render.job_result_line(result)}")
     web = next((j for j in jobs if j.id == "web"), None)
     web_count = web.groups[0].scaling.desired if web is not None else 0
     seen = _Seen()

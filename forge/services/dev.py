@@ -49,7 +49,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.cli import output
+from forge import render
 from forge.core.models import is_valid_name
 from forge.loaders import InputError
 from forge.services.codec_keys import KeyFileError, add_key, read_keys
@@ -280,7 +280,7 @@ async def _session(
         if opts.once:
             status = await race(fc.status(), stop, children)
             usage = await race(fc.node_usage(), stop, children)
-            print(output.status_text(fc.cluster, status, usage), flush=True)
+            print(render.status_text(fc.cluster, status, usage), flush=True)
             return 0
         say("forge dev: running; Ctrl-C stops the worker and the server")
         await race(forever(), stop, children)

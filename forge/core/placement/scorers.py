@@ -14,7 +14,7 @@ from typing import Literal, Protocol, get_args
 from forge.core.models import Request
 from forge.core.placement.fragmentation import Fgd
 from forge.core.placement.gpu import BestFit, DotProduct, GpuClustering, GpuPacking, RandomFit
-from forge.core.placement.kernel import GPU_WEIGHT, utilisation_after
+from forge.core.placement.kernel import GPU_WEIGHT, default_score, utilisation_after
 from forge.core.placement.state import NodeAlloc
 
 __all__ = [
@@ -22,12 +22,14 @@ __all__ = [
     "GPU_WEIGHT",
     "Algorithm",
     "BinPack",
+    "FastScore",
     "GpuPreserve",
     "PackUsed",
     "Scorer",
     "Spread",
     "Weighted",
     "combined",
+    "fast_scorer",
     "scorers_for",
     "utilisation_after",
 ]
@@ -154,3 +156,31 @@ def combined(node: NodeAlloc, req: Request, scorers: Sequence[Weighted]) -> floa
         total += w.weight * w.scorer.score(node, req)
         weights += w.weight
     return total / weights if weights else 0.0
+
+
+def fast_scorer(scorers: Sequence[Weighted]) -> FastScore | None:
+    """The score kernel in place of the default scorer chains (same numbers, ~5x
+    less call overhead on the hot path). Any other chain uses the generic path."""
+    names = tuple((w.scorer.name, w.weight) for w in scorers)
+    if names == (("binpack", 1.0), ("gpu-preserve", 1.0)):
+        return FastScore(spread=False)
+    if names == (("spread", 1.0), ("gpu-preserve", 1.0)):
+        return FastScore(spread=True)
+    if names == (("binpack-v2", 1.0),):
+        return FastScore(spread=False, preserve=False)
+    if names == (("spread", 1.0),):
+        return FastScore(spread=True, preserve=False)
+    return None
+
+
+class FastScore:
+    """A default chain, as :func:`forge.core.placement.kernel.default_score`'s flags."""
+
+    __slots__ = ("preserve", "spread")
+
+    def __init__(self, *, spread: bool, preserve: bool = True) -> None:
+        self.spread = spread
+        self.preserve = preserve
+
+    def __call__(self, node: NodeAlloc, req: Request) -> float:
+        return default_score(node, req, self.spread, self.preserve)

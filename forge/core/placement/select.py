@@ -47,7 +47,6 @@ from forge.core.placement.classes import static_key as _static_key
 from forge.core.placement.diagnosis import Diagnosis
 from forge.core.placement.eligible import COPY_PER_UNIT, Eligibility
 from forge.core.placement.filters import diagnose
-from forge.core.placement.kernel import default_score
 from forge.core.placement.scan import (
     AVOID_PENALTY,
     Found,
@@ -57,6 +56,7 @@ from forge.core.placement.scan import (
     scan_window,
 )
 from forge.core.placement.scorers import Weighted, combined, scorers_for
+from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from forge.core.placement.state import Cluster, NodeAlloc
 
 #: A request with its weight in the workload (how many replicas ask it).
@@ -428,31 +428,3 @@ class Placer:
             found, work = scan_ring(cls, req, limit)
         self._work += work
         return found
-
-
-def _fast_scorer(scorers: Sequence[Weighted]) -> _FastScore | None:
-    """The score kernel in place of the default scorer chains (same numbers, ~5x
-    less call overhead on the hot path). Any other chain uses the generic path."""
-    names = tuple((w.scorer.name, w.weight) for w in scorers)
-    if names == (("binpack", 1.0), ("gpu-preserve", 1.0)):
-        return _FastScore(spread=False)
-    if names == (("spread", 1.0), ("gpu-preserve", 1.0)):
-        return _FastScore(spread=True)
-    if names == (("binpack-v2", 1.0),):
-        return _FastScore(spread=False, preserve=False)
-    if names == (("spread", 1.0),):
-        return _FastScore(spread=True, preserve=False)
-    return None
-
-
-class _FastScore:
-    """A default chain, as :func:`forge.core.placement.kernel.default_score`'s flags."""
-
-    __slots__ = ("preserve", "spread")
-
-    def __init__(self, *, spread: bool, preserve: bool = True) -> None:
-        self.spread = spread
-        self.preserve = preserve
-
-    def __call__(self, node: NodeAlloc, req: Request) -> float:
-        return default_score(node, req, self.spread, self.preserve)

@@ -33,7 +33,7 @@ from forge.core.placement import (
     scorers_for,
 )
 from forge.core.placement.filters import diagnose
-from forge.core.placement.select import _fast_scorer
+from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from forge.core.reconcile import ReconcileOptions, reconcile
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -39,7 +39,7 @@ from forge.core.placement import (
 from forge.core.placement.classes import EquivalenceClass
 from forge.core.placement.kernel import default_score, fits
 from forge.core.placement.scan import AVOID_PENALTY, best_in_window
-from forge.core.placement.select import _fast_scorer
+from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from tests import strategies as fs
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

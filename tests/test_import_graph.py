@@ -115,7 +115,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "stores": frozenset({"core", "errors", "serialize"}),
     "loaders": frozenset({"core", "errors"}),
     "client": frozenset({"core", "errors", "settings", "stores", "wire"}),
-    "agent": frozenset({"client", "core", "errors", "settings", "stores"}),
+    "params": frozenset({"core", "errors", "loaders"}),
+    "agent": frozenset({"client", "core", "errors", "params", "settings", "stores"}),
     "render": frozenset({"core", "wire"}),
     "services": frozenset(
         {"client", "core", "errors", "loaders", "render", "settings", "stores", "wire"}
@@ -127,6 +128,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "core",
             "errors",
             "loaders",
+            "params",
             "render",
             "services",
             "settings",

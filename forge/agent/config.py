@@ -1,26 +1,27 @@
 """What one agent is: its node (capacity detected from the machine unless given),
 where it keeps its state, and how often it talks to the store.
 
-Option parsing lives here rather than in the CLI so any front end (argparse today,
-Click tomorrow) hands over typed values and gets the same validation and the same
-error messages.
+Any front end hands over typed values: ``--gpu`` and ``--label`` parsed by
+:mod:`forge.params` (the functions behind the CLI's own parameter types, so
+``forge agent`` and ``forge node add`` accept and refuse the same text), the node
+built by :func:`forge.params.node_from_flags` as ``forge node add`` builds it.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import secrets
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
-import pydantic
 
 from forge.core.models import Node, is_valid_name
 from forge.errors import InvalidInput
+from forge.params import node_from_flags
 
 __all__ = [
     "LOGS_LABEL",
@@ -95,23 +96,6 @@ def detect_node(node_id: str) -> tuple[int, int]:
     return (psutil.cpu_count() or 1) * 1000, psutil.virtual_memory().total // (1 << 20)
 
 
-def _label(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise AgentConfigError(f"--label {text!r}: use KEY=VALUE")
-    return key, value
-
-
-def _gpu(text: str) -> tuple[str, int]:
-    model, sep, mem = text.rpartition(":")
-    if not sep or not model:
-        raise AgentConfigError(f"--gpu {text!r}: use MODEL:MEMORY_MIB")
-    try:
-        return model, int(mem)
-    except ValueError:
-        raise AgentConfigError(f"--gpu {text!r}: memory must be an integer (MiB)") from None
-
-
 def build_config(
     *,
     node_id: str,
@@ -120,15 +104,19 @@ def build_config(
     store_url: str = "",
     cpu: int | None = None,
     memory: int | None = None,
-    gpus: list[str] | None = None,
-    labels: list[str] | None = None,
+    gpus: Sequence[tuple[str, int]] | None = None,
+    labels: Sequence[tuple[str, str]] = (),
     logs_address: str = "127.0.0.1:0",
     token: str = "",
     poll: float = 0.5,
     heartbeat_every: float = 5.0,
     usage_every: float = 10.0,
 ) -> AgentConfig:
-    """Validate the agent's options; what is not given is detected from the machine."""
+    """Validate the agent's options; what is not given is detected from the machine.
+
+    ``gpus`` and ``labels`` as :func:`forge.params.gpu` and :func:`forge.params.label`
+    parse ``--gpu`` and ``--label`` (``forge agent`` declares them with the same
+    types as ``forge node add``); ``gpus=None`` detects them with ``nvidia-smi``."""
     if not is_valid_name(node_id):
         raise AgentConfigError(f"--node-id {node_id!r}: 1-63 of [A-Za-z0-9._-]")
     for name, value in (("--poll", poll), ("--heartbeat-every", heartbeat_every)):
@@ -138,13 +126,7 @@ def build_config(
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise AgentConfigError(f"--logs-address {logs_address!r}: use HOST:PORT")
     detected_cpu, detected_memory = detect_node(node_id)
-    pairs = [_gpu(g) for g in gpus] if gpus is not None else detect_gpus()
-    label_map: dict[str, str] = {}
-    for text in labels or []:
-        key, text_value = _label(text)
-        if key in label_map:
-            raise AgentConfigError(f"--label {key} given twice")
-        label_map[key] = text_value
+    pairs = list(gpus) if gpus is not None else detect_gpus()
     config = AgentConfig(
         node=Node(id=node_id, cpu=1, memory=1),  # replaced below, once validated
         data_dir=data_dir,
@@ -158,15 +140,15 @@ def build_config(
     )
     if not config.loopback and not token:
         config = replace(config, token=secrets.token_urlsafe(24))
-    doc = {
-        "id": node_id,
-        "cpu": detected_cpu if cpu is None else cpu,
-        "memory": detected_memory if memory is None else memory,
-        "gpus": [{"id": f"gpu{i}", "model": m, "memory": mem} for i, (m, mem) in enumerate(pairs)],
-        "labels": label_map,
-    }
     try:
-        node = Node.model_validate_json(json.dumps(doc))
-    except pydantic.ValidationError as err:
-        raise AgentConfigError(f"node {node_id}: {err.errors()[0]['msg']}") from None
+        node = node_from_flags(
+            node_id,
+            detected_cpu if cpu is None else cpu,
+            detected_memory if memory is None else memory,
+            pairs,
+            labels,
+            source=f"node {node_id}",
+        )
+    except InvalidInput as err:
+        raise AgentConfigError(str(err)) from None
     return replace(config, node=node)

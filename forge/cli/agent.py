@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 
 from forge.cli.params import (
+    GPU,
+    LABEL,
     NAME,
     Checked,
     cluster_option,
@@ -39,8 +41,8 @@ TOKEN_ENV = "FORGE_AGENT_TOKEN"
 @click.option("--node-id", required=True, type=NAME, metavar="ID")
 @click.option("--cpu", type=Checked(nonnegative_int, "MILLICORES"), help="default: detected")
 @click.option("--memory", type=Checked(nonnegative_int, "MIB"), help="default: detected")
-@click.option("--gpu", multiple=True, metavar="MODEL:MEMORY_MIB", help="repeatable")
-@click.option("--label", multiple=True, metavar="KEY=VALUE", help="repeatable")
+@click.option("--gpu", type=GPU, multiple=True, help="one GPU device per use (default: nvidia-smi)")
+@click.option("--label", type=LABEL, multiple=True, help="node label (repeatable)")
 @click.option(
     "--data-dir", type=click.Path(path_type=Path), help="default: FORGE_DATA_DIR/agent-ID"
 )
@@ -54,8 +56,8 @@ def agent(
     node_id: str,
     cpu: int | None,
     memory: int | None,
-    gpu: Sequence[str],
-    label: Sequence[str],
+    gpu: Sequence[tuple[str, int]],
+    label: Sequence[tuple[str, str]],
     data_dir: Path | None,
     logs_address: str,
     poll: float,

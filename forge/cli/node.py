@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import click
-import pydantic
 
 from forge.cli.params import (
+    GPU,
+    LABEL,
     NAME,
     NAME_HELP,
     Checked,
     cluster_option,
-    gpu,
-    label,
     nonnegative_int,
     store_option,
     temporal_options,
 )
 from forge.cli.remote import open_existing_store, remote, settings, store_call
-from forge.core.models import Node
-from forge.errors import InvalidInput
-from forge.loaders import GPU_MEMORY_MIB, format_validation_error, load_nodes
+from forge.loaders import GPU_MEMORY_MIB, load_nodes
+from forge.params import node_from_flags
 
 if TYPE_CHECKING:
     from forge.client.client import ForgeClient
@@ -56,14 +53,12 @@ def node() -> None:
 @click.option(
     "--gpu",
     "gpus",
-    type=Checked(gpu, "MODEL:MEMORY_MIB"),
+    type=GPU,
     multiple=True,
     help="one GPU device per use (ids gpu0, gpu1, ...); MODEL alone for known models "
     f"({', '.join(sorted(GPU_MEMORY_MIB))})",
 )
-@click.option(
-    "--label", "labels", type=Checked(label, "KEY=VALUE"), multiple=True, help="node label"
-)
+@click.option("--label", "labels", type=LABEL, multiple=True, help="node label")
 @temporal_options
 def add(
     file: str | None,
@@ -84,7 +79,7 @@ def add(
     elif node_id is None or cpu is None or memory is None:
         raise click.UsageError("give --file FILE, or --id, --cpu and --memory")
     else:
-        nodes = [_node_from_flags(node_id, cpu, memory, gpus, labels)]
+        nodes = [node_from_flags(node_id, cpu, memory, gpus, labels)]
 
     async def action(fc: ForgeClient) -> int:
         count = await fc.register_nodes(nodes)
@@ -93,33 +88,6 @@ def add(
         return 0
 
     return remote(settings(**flags), connect_timeout, action)
-
-
-def _node_from_flags(
-    node_id: str,
-    cpu: int,
-    memory: int,
-    gpus: Sequence[tuple[str, int]],
-    labels: Sequence[tuple[str, str]],
-) -> Node:
-    by_key: dict[str, str] = {}
-    for key, value in labels:
-        if key in by_key:
-            raise InvalidInput(f"--label {key} given twice")
-        by_key[key] = value
-    data = {
-        "id": node_id,
-        "cpu": cpu,
-        "memory": memory,
-        "gpus": [
-            {"id": f"gpu{i}", "model": model, "memory": mib} for i, (model, mib) in enumerate(gpus)
-        ],
-        "labels": by_key,
-    }
-    try:
-        return Node.model_validate_json(json.dumps(data))
-    except pydantic.ValidationError as err:
-        raise InvalidInput(format_validation_error(err, "node add")) from None
 
 
 def _signal_command(

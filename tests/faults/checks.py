@@ -19,13 +19,14 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import (
     Client,
@@ -400,6 +401,16 @@ class RunReport:
     replays_offline: str | None  # None: the history replays cleanly offline; else the error
 
 
+def _ended_by_watchdog_reset(events: Sequence[HistoryEvent]) -> bool:
+    """Did a reset asked by the watchdog end this run (its reason is the watchdog's)?"""
+    last = events[-1] if events else None
+    return (
+        last is not None
+        and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED
+        and last.workflow_execution_terminated_event_attributes.reason.startswith("forge watchdog:")
+    )
+
+
 async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunReport]:
     """Save every run of ``workflow_id`` (the reset ones too, which a walk along the
     continue-as-new chain misses) and replay each offline with the current code.
@@ -431,6 +442,10 @@ async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunR
                     cause = "divergence"  # the workflow's own determinism check
                 if cause not in BENIGN_TASK_FAILURES:
                     failures.append((cause, attrs.failure.message[:300]))
+        if _ended_by_watchdog_reset(history.events):
+            # the reset terminates the old run and fails the task in flight there with
+            # FORCE_CLOSE_COMMAND: the reset's mark (as reset_workflow), not a failure
+            failures = [f for f in failures if f[0] != "force_close_command"]
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         error = None if result.replay_failure is None else str(result.replay_failure)[:300]
         out.append(RunReport(run_id=wf.run_id, failures=failures, replays_offline=error))

@@ -48,7 +48,8 @@ class Handlers:
         # over replays every pass, so the run ends before replay gets slow.
         self.replay_cost = 0
         self.updates = 0  # accepted in this run
-        self._sizes: dict[str, int] = {}  # update id -> its jobs' JSON size (validator's)
+        # update id -> the batch and its JSON size, as the validator parsed them
+        self._validated: dict[str, tuple[c.SubmitJobs, int]] = {}
 
     def _continue_as_new_due(self) -> bool:
         info, opts = workflow.info(), self.st.opts
@@ -148,14 +149,15 @@ class Handlers:
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
     async def submit_jobs(self, raw: Any) -> list[c.JobResult]:
-        req = update_arg(c.SubmitJobs, raw)
+        info = workflow.current_update_info()
+        seen = self._validated.pop(info.id, None) if info is not None else None
+        # parsed by the validator (this worker accepted it), else here (a replay)
+        req, size = seen if seen is not None else (update_arg(c.SubmitJobs, raw), None)
         self.updates += 1
         # what replaying this batch costs a worker taking the run over (parsing it,
         # writing it): counted like a pass's work, so a run of submissions ends
         # (continue-as-new) before its replay gets long
         self.replay_cost += JOB_UNITS * len(req.jobs)
-        info = workflow.current_update_info()
-        size = self._sizes.pop(info.id, None) if info is not None else None
         if size is None:  # not validated by this worker (a replay): the same sum
             size = sum(json_size(j) for j in req.jobs)
         await workflow.wait_condition(lambda: self.ready)
@@ -182,8 +184,8 @@ class Handlers:
         if dupes:
             raise refuse(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
         info = workflow.current_update_info()
-        if info is not None:  # accepted: the handler reuses it, no second serialisation
-            self._sizes[info.id] = size
+        if info is not None:  # accepted: the handler reuses both, no second parse
+            self._validated[info.id] = (req, size)
 
     @workflow.update(name=c.UPDATE_SCALE)
     async def scale(self, raw: Any) -> c.JobResult:

@@ -31,6 +31,7 @@ from forge.stores.rows import (
     GroupVersion,
     JobChange,
     JobPage,
+    SpecPage,
     StaleFenceError,
     StoreError,
     TaskReport,
@@ -46,6 +47,7 @@ __all__ = [
     "JobChange",
     "JobPage",
     "ReplicaState",
+    "SpecPage",
     "StaleFenceError",
     "Store",
     "StoreError",
@@ -293,6 +295,10 @@ class Store(Protocol):
 
         Only the latest change of each job is kept (like a compacted watch); deleted
         jobs appear as tombstones (``job=None``)."""
+        ...
+
+    def job_spec_changes(self, cluster: str, since: int, limit: int = 500) -> SpecPage:
+        """``job_changes`` with each spec as the stored JSON text, unparsed."""
         ...
 
     def revision(self, cluster: str) -> int:

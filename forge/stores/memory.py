@@ -22,6 +22,7 @@ from forge.stores.base import (
     JobChange,
     JobPage,
     ReplicaState,
+    SpecPage,
     StoreError,
     TaskReport,
     check_fence,
@@ -146,6 +147,14 @@ class MemoryStore:
             revision=changes[-1].revision if changes else since,
             more=len(newer) > limit,
         )
+
+    def job_spec_changes(self, cluster: str, since: int, limit: int = 500) -> SpecPage:
+        page = self.job_changes(cluster, since, limit)
+        rows = [
+            (ch.revision, ch.job_id, ch.job.model_dump_json() if ch.job is not None else None)
+            for ch in page.changes
+        ]
+        return SpecPage(rows, page.revision, page.more)
 
     def revision(self, cluster: str) -> int:
         with self._lock:

@@ -22,6 +22,7 @@ __all__ = [
     "GroupVersion",
     "JobChange",
     "JobPage",
+    "SpecPage",
     "StaleFenceError",
     "StoreError",
     "TaskReport",
@@ -57,6 +58,17 @@ class JobChange(_Wire):
 class JobPage(_Wire):
     changes: list[JobChange]
     revision: int = Field(description="the highest revision this page covers")
+    more: bool
+
+
+class SpecPage(NamedTuple):
+    """Job changes as the store holds them: ``(revision, job id, spec JSON or None
+    for a tombstone)``, oldest first. What a new run's reload reads: the activity
+    parses each distinct group once instead of every job (``JobPage`` would build
+    a validated model per row)."""
+
+    rows: list[tuple[int, str, str | None]]
+    revision: int
     more: bool
 
 

@@ -19,7 +19,15 @@ from __future__ import annotations
 from typing import Any, Literal, LiteralString
 
 from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
-from forge.stores.base import Fence, GroupVersion, JobChange, JobPage, TaskReport, mean_usage
+from forge.stores.base import (
+    Fence,
+    GroupVersion,
+    JobChange,
+    JobPage,
+    SpecPage,
+    TaskReport,
+    mean_usage,
+)
 from forge.stores.sql_dialect import (
     ASSIGNMENT_COLUMNS,
     ASSIGNMENT_UPSERT_SET,
@@ -110,6 +118,18 @@ class SqlReads:
             revision=changes[-1].revision if changes else since,
             more=len(rows) > limit,
         )
+
+    def job_spec_changes(self, cluster: str, since: int, limit: int = 500) -> SpecPage:
+        limit = max(limit, 0)
+        rows = self._all(
+            self._q(
+                "SELECT revision, job_id, spec{text} FROM jobs WHERE cluster = ?"
+                " AND revision > ? ORDER BY revision LIMIT ?"
+            ),
+            (cluster, since, limit + 1),
+        )
+        page = [(int(rev), str(job_id), spec) for rev, job_id, spec in rows[:limit]]
+        return SpecPage(page, page[-1][0] if page else since, len(rows) > limit)
 
     def revision(self, cluster: str) -> int:
         return self._counter(cluster, "revision")

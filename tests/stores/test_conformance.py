@@ -172,6 +172,22 @@ def test_delete_leaves_a_tombstone_in_changes_and_hides_the_job(store: Store) ->
     assert store.get_job(C, "a") == make_job("a")
 
 
+def test_job_spec_changes_are_job_changes_as_stored_text(store: Store) -> None:
+    """The reload's raw read pages exactly as ``job_changes``, each spec the JSON
+    of the stored job (PostgreSQL's jsonb text too), tombstones as None."""
+    for job_id in ("a", "b", "c"):
+        store.put_job(C, make_job(job_id))
+    store.put_job(C, make_job("a", desired=3))
+    store.delete_job(C, "b")
+    for since, limit in ((0, 500), (0, 2), (3, 1), (5, 10)):
+        parsed = store.job_changes(C, since=since, limit=limit)
+        raw = store.job_spec_changes(C, since=since, limit=limit)
+        assert (raw.revision, raw.more) == (parsed.revision, parsed.more)
+        assert [
+            (r, i, None if s is None else Job.model_validate_json(s)) for r, i, s in raw.rows
+        ] == [(ch.revision, ch.job_id, ch.job) for ch in parsed.changes]
+
+
 def test_job_changes_keep_each_jobs_latest_change_once_and_page(store: Store) -> None:
     store.put_job(C, make_job("a"))  # 1, superseded by 4
     store.put_job(C, make_job("b"))  # 2

@@ -142,6 +142,13 @@ class _Workflow:
             self._passes.cancel()
 
 
+@pytest.fixture(autouse=True)
+def _batches_of_200(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count batches and in-flight updates: they send batches of 200
+    (the client reads the constant per call), so a few thousand jobs make many."""
+    monkeypatch.setattr(c, "MAX_JOBS_PER_UPDATE", 200)
+
+
 def _jobs(n: int) -> list[Job]:
     one = harness_job("j0")
     return [one.model_copy(update={"id": f"j{i}"}) for i in range(n)]

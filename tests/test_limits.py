@@ -61,7 +61,7 @@ INPUT_BYTES = 16 * MIB  # "16 MiB"
 VALUES = 2_000_000  # "2,000,000"
 ERROR_LINES = 20  # "20"
 NODES_PER_SIGNAL = 500
-JOBS_PER_UPDATE = 200
+JOBS_PER_UPDATE = 1000
 WORKLOADS_PER_UPDATE = 1000
 BATCH_BYTES = 1 * MIB  # "1 MiB"
 REQUEST_BYTES = 1 * MIB + 64 * KIB  # "1 MiB + 64 KiB"
@@ -93,7 +93,7 @@ PENDING_SHOWN = 200
         "| 2,000,000 | `MAX_VALUES` |",
         "| 20 | `MAX_ERROR_LINES` |",
         "| 500 | `MAX_NODES_PER_SIGNAL` |",
-        "| 200 | `MAX_JOBS_PER_UPDATE` |",
+        "| 1,000 | `MAX_JOBS_PER_UPDATE` |",
         "| 1,000 | `MAX_WORKLOADS_PER_UPDATE` |",
         "| 1 MiB | `MAX_BATCH_BYTES` |",
         "| 1 MiB + 64 KiB | `forge.client.client.MAX_REQUEST_BYTES` |",

@@ -130,7 +130,7 @@ class Handlers:
 
     # -- updates ------------------------------------------------------------------------
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
-    async def submit_job(self, raw: Any) -> c.JobResult:
+    async def submit_job(self, raw: RawValue) -> c.JobResult:
         req = update_arg(c.SubmitJob, raw)
         self.updates += 1
         self.replay_cost += JOB_UNITS
@@ -140,7 +140,7 @@ class Handlers:
         return await self._settle(req.job.id, ticket, wait=req.wait)
 
     @submit_job.validator
-    def _validate_submit(self, raw: Any) -> None:
+    def _validate_submit(self, raw: RawValue) -> None:
         req = update_arg(c.SubmitJob, raw)
         # Jobs may arrive before any node: they wait, pending, with reasons.
         self._refuse_if_busy()
@@ -148,7 +148,7 @@ class Handlers:
             raise refuse("job has no groups")
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
-    async def submit_jobs(self, raw: Any) -> list[c.JobResult]:
+    async def submit_jobs(self, raw: RawValue) -> list[c.JobResult]:
         info = workflow.current_update_info()
         seen = self._validated.pop(info.id, None) if info is not None else None
         # parsed by the validator (this worker accepted it), else here (a replay)
@@ -170,7 +170,7 @@ class Handlers:
         ]
 
     @submit_jobs.validator
-    def _validate_submit_jobs(self, raw: Any) -> None:
+    def _validate_submit_jobs(self, raw: RawValue) -> None:
         req = update_arg(c.SubmitJobs, raw)
         self._refuse_if_busy()
         size = sum(json_size(j) for j in req.jobs)
@@ -188,7 +188,7 @@ class Handlers:
             self._validated[info.id] = (req, size)
 
     @workflow.update(name=c.UPDATE_SCALE)
-    async def scale(self, raw: Any) -> c.JobResult:
+    async def scale(self, raw: RawValue) -> c.JobResult:
         req = update_arg(c.ScaleGroup, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
@@ -201,7 +201,7 @@ class Handlers:
         return await self._settle(req.job_id, ticket, wait=True)
 
     @scale.validator
-    def _validate_scale(self, raw: Any) -> None:
+    def _validate_scale(self, raw: RawValue) -> None:
         req = update_arg(c.ScaleGroup, raw)
         self._refuse_if_busy()
         if not self.ready:
@@ -213,7 +213,7 @@ class Handlers:
             raise refuse(f"job {req.job_id!r} has no group {req.group!r}")
 
     @workflow.update(name=c.UPDATE_STOP_JOB)
-    async def stop_job(self, raw: Any) -> c.JobResult:
+    async def stop_job(self, raw: RawValue) -> c.JobResult:
         req = update_arg(c.StopJob, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
@@ -223,14 +223,14 @@ class Handlers:
         return await self._settle(req.job_id, ticket, wait=True)
 
     @stop_job.validator
-    def _validate_stop(self, raw: Any) -> None:
+    def _validate_stop(self, raw: RawValue) -> None:
         req = update_arg(c.StopJob, raw)
         self._refuse_if_busy()
         if self.ready and self.queue.current(req.job_id, self.st.jobs) is None:
             raise refuse(f"unknown job {req.job_id!r}")
 
     @workflow.update(name=c.UPDATE_DRAIN_NODE)
-    async def drain_node(self, raw: Any) -> int:
+    async def drain_node(self, raw: RawValue) -> int:
         req = update_arg(c.DrainNode, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
@@ -240,7 +240,7 @@ class Handlers:
         return moving
 
     @drain_node.validator
-    def _validate_drain(self, raw: Any) -> None:
+    def _validate_drain(self, raw: RawValue) -> None:
         req = update_arg(c.DrainNode, raw)
         self._refuse_if_busy()
         if not self.ready:
@@ -252,7 +252,7 @@ class Handlers:
             raise refuse(f"node {req.node_id!r} is lost; nothing to drain")
 
     @workflow.update(name=c.UPDATE_REPORT_FAILED)
-    async def report_failed(self, raw: Any) -> c.ReportFailedResult:
+    async def report_failed(self, raw: RawValue) -> c.ReportFailedResult:
         req = update_arg(c.ReportFailed, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
@@ -269,7 +269,7 @@ class Handlers:
         return c.ReportFailedResult(accepted=accepted)
 
     @report_failed.validator
-    def _validate_report(self, raw: Any) -> None:
+    def _validate_report(self, raw: RawValue) -> None:
         req = update_arg(c.ReportFailed, raw)
         self._refuse_if_busy()
         if not self.ready:
@@ -280,7 +280,7 @@ class Handlers:
             raise refuse(f"not bound: {shown}")
 
     @workflow.update(name=c.UPDATE_PROMOTE)
-    async def promote(self, raw: Any) -> c.PromoteResult:
+    async def promote(self, raw: RawValue) -> c.PromoteResult:
         req = update_arg(c.Promote, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
@@ -293,7 +293,7 @@ class Handlers:
         return c.PromoteResult(promoted=names)
 
     @promote.validator
-    def _validate_promote(self, raw: Any) -> None:
+    def _validate_promote(self, raw: RawValue) -> None:
         req = update_arg(c.Promote, raw)
         self._refuse_if_busy()
         if self.ready:

@@ -134,7 +134,7 @@ MAX_NODES_PER_SIGNAL = 500
 MAX_WORKLOADS_PER_UPDATE = 1000
 #: Jobs per `submit_jobs` update: a batch of small specs stays far below the 2 MiB
 #: payload limit, and bulk loads need few round trips.
-MAX_JOBS_PER_UPDATE = 200
+MAX_JOBS_PER_UPDATE = 1000
 
 
 #: The memo key under which the loop publishes its ``Summary`` (for describe()).

@@ -44,40 +44,41 @@ def write_jobs(
 def write_versions(
     db: Executor, dialect: Dialect, cluster: str, jobs: Sequence[Job], first: int
 ) -> None:
-    """Number each group's new task-spec version (see ``Store.group_versions``)."""
+    """Number each group's new task-spec version (see ``Store.group_versions``).
+
+    A bulk submission is mostly new jobs: one query per chunk finds the jobs that
+    have versions at all, and only their groups look up their latest; a group spec
+    repeated across the batch has its version digest computed once."""
     rows = []
     latest: dict[tuple[str, str], tuple[int, str, str]] = {}
+    known = _versioned(db, dialect, cluster, [j.id for j in jobs])
+    digests: dict[str, str] = {}  # group JSON -> its version
     for i, job in enumerate(jobs):
         for g in job.groups:
             key = (job.id, g.name)
             last = latest.get(key)
             if last is None:
-                found = db.execute(
-                    sql(
-                        "SELECT number, version, spec{text} FROM group_versions WHERE cluster = ?"
-                        " AND job_id = ? AND grp = ? ORDER BY number DESC LIMIT 1",
-                        dialect,
-                    ),
-                    (cluster, job.id, g.name),
-                ).fetchone()
-                last = (int(found[0]), str(found[1]), str(found[2])) if found else (0, "", "")
-            if last[1] == g.version:
+                last = _latest_version(db, dialect, cluster, key) if job.id in known else _NONE
+            spec = g.model_dump_json()
+            version = digests.get(spec)
+            if version is None:
+                version = digests[spec] = g.version
+            if last[1] == version:
                 continue
             old = TaskGroup.model_validate_json(last[2]) if last[2] else None
-            spec = g.model_dump_json()
             rows.append(
                 (
                     cluster,
                     job.id,
                     g.name,
                     last[0] + 1,
-                    g.version,
+                    version,
                     first + i,
                     describe_change(old, g),
                     spec,
                 )
             )
-            latest[key] = (last[0] + 1, g.version, spec)
+            latest[key] = (last[0] + 1, version, spec)
     if rows:
         db.executemany(
             sql(
@@ -87,6 +88,39 @@ def write_versions(
             ),
             rows,
         )
+
+
+_NONE = (0, "", "")
+#: Job ids per ``IN (...)`` query (far below either database's parameter limit).
+_CHUNK = 500
+
+
+def _versioned(db: Executor, dialect: Dialect, cluster: str, job_ids: list[str]) -> set[str]:
+    """Which of ``job_ids`` have a group version stored."""
+    found: set[str] = set()
+    for at in range(0, len(job_ids), _CHUNK):
+        chunk = job_ids[at : at + _CHUNK]
+        marks = ", ".join(["?"] * len(chunk))
+        query = "SELECT DISTINCT job_id FROM group_versions WHERE cluster = ? AND job_id IN ("
+        found.update(
+            str(row[0])
+            for row in db.execute(sql(query + marks + ")", dialect), (cluster, *chunk)).fetchall()
+        )
+    return found
+
+
+def _latest_version(
+    db: Executor, dialect: Dialect, cluster: str, key: tuple[str, str]
+) -> tuple[int, str, str]:
+    found = db.execute(
+        sql(
+            "SELECT number, version, spec{text} FROM group_versions WHERE cluster = ?"
+            " AND job_id = ? AND grp = ? ORDER BY number DESC LIMIT 1",
+            dialect,
+        ),
+        (cluster, *key),
+    ).fetchone()
+    return (int(found[0]), str(found[1]), str(found[2])) if found else _NONE
 
 
 def write_nodes(db: Executor, dialect: Dialect, cluster: str, nodes: Iterable[Node]) -> None:

@@ -981,6 +981,28 @@ def test_submitting_an_old_spec_again_is_a_new_version_with_the_old_digest(store
     assert store.group_versions(C, "web")[2].changed == "t: env"
 
 
+def test_a_batch_of_new_and_known_jobs_numbers_each_groups_versions_in_order(
+    store: Store,
+) -> None:
+    """One bulk write with jobs the store has versions of, new jobs, shared specs and
+    a job written twice: each group's numbers go on from its own latest."""
+    web = make_job("web")
+    store.put_job(C, web)
+    blue, green = _with_env(web, COLOR="blue"), _with_env(web, COLOR="green")
+    fresh = [make_job(f"new{i}") for i in range(3)]  # one spec, three new jobs
+    twice = make_job("twice")
+    store.put_jobs(C, [blue, *fresh, twice, _with_env(twice, X="1"), green])
+    numbers = {
+        job_id: [(v.number, v.version) for v in store.group_versions(C, job_id)]
+        for job_id in ("web", "new0", "new2", "twice")
+    }
+    assert numbers["web"] == [(1, web.groups[0].version), (2, blue.groups[0].version),
+                              (3, green.groups[0].version)]  # fmt: skip
+    assert numbers["new0"] == numbers["new2"] == [(1, fresh[0].groups[0].version)]
+    assert [n for n, _ in numbers["twice"]] == [1, 2]
+    assert store.group_versions(C, "new1")[0].changed == "initial"
+
+
 def test_assignments_keep_the_version_they_run(store: Store) -> None:
     a = bound("web", "api", 0, "n1").model_copy(update={"version": "abc123"})
     plain = bound("web", "api", 1, "n1")

@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from forge.core.models import Job, TaskGroup
 from forge.stores import ApplyResult, Fence, StaleFenceError, Store, StoreError
+from forge.stores.base import AssignmentRow
 from forge.wire import errors
 from forge.wire.activity_contract import (
     ACT_FENCE,
@@ -53,7 +54,6 @@ from forge.wire.activity_contract import (
     WatchOut,
     WriteJobsIn,
     WriteJobsOut,
-    row_from_assignment,
     to_delta,
 )
 
@@ -141,6 +141,14 @@ def _row(rev: int, job_id: str, job: Job, index: dict[str, int], groups: list[Ta
     return (rev, job_id, job.name, job.priority, idx)
 
 
+def _bind_row(a: AssignmentRow) -> BindRow:
+    """What ``row_from_assignment`` makes of the assignment, without building it."""
+    row = (a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, a.status)
+    if a.version:
+        return (*row, a.gpu_milli, a.version)
+    return (*row, a.gpu_milli) if a.gpu_milli else row
+
+
 def _spec_len(row: tuple[int, str, str | None]) -> int:
     return 64 + len(row[2] or "")
 
@@ -216,9 +224,9 @@ class StoreActivities:
     @activity.defn(name=ACT_SNAPSHOT_ASSIGNMENTS)
     @heartbeating
     def snapshot_assignments(self, page: PageIn) -> AssignmentRows:
-        found = self.store.assignments(page.cluster, page.after, page.limit)
+        found = self.store.assignment_rows(page.cluster, page.after, page.limit)
         more = len(found) == page.limit
-        rows = [row_from_assignment(a) for a in found]
+        rows = [_bind_row(a) for a in found]
         keep = within_bytes(rows, _row_len)
         if keep < len(rows):
             rows, more = rows[:keep], True

@@ -98,6 +98,7 @@ def put_job(st: LoopState, jobs: dict[str, Job], job_id: str, job: Job | None) -
     if job is None:
         jobs.pop(job_id, None)
         return
+    job = st.shared.share(job)
     old = jobs.get(job_id)
     if old is not None and old != job:
         # a changed request may fit where the old one did not: backed-off

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.core.placement import Binding
     from forge.core.reconcile import Carry, FailureHistory, PendingEntry, Plan
     from forge.core.rolling import GroupRollout
+    from forge.core.sharing import SharedGroups
     from forge.stores.base import STATE_MOD, binding_hash, group_of
     from forge.wire import activity_contract as ac
     from forge.wire import contract as c
@@ -80,6 +81,9 @@ class LoopState:
     jobs_changed: dict[str, None] | None = None
     # the jobs with an autoscaled group, kept with ``jobs`` (load_jobs)
     autoscaled: dict[str, None] = field(default_factory=dict)
+    # one object per distinct group spec, shared by the jobs that have it: the
+    # cluster's jobs cost a record each, not a dozen tracked objects (kept per run)
+    shared: SharedGroups = field(default_factory=SharedGroups)
     # replicas preempted so far, and the most recent preemptions (status, explain)
     preemptions: int = 0
     recent_preemptions: list[c.PreemptionView] = field(default_factory=list)
@@ -178,6 +182,7 @@ class LoopState:
         self.pending, self.failures, self.health, self.since = {}, {}, {}, {}
         self.carry = None
         self.autoscaled = {}
+        self.shared = SharedGroups()
 
     def job_changed(self, job_id: str, job: Job | None) -> None:
         """Note a job put (or deleted: None) into ``jobs`` outside a load."""

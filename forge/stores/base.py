@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from forge.core.models import Assignment, AssignmentStatus, Job, Node
 from forge.stores.rows import (
     ApplyResult,
+    AssignmentRow,
     Delta,
     Fence,
     GroupVersion,
@@ -41,6 +42,7 @@ __all__ = [
     "STATE_MOD",
     "AgentStore",
     "ApplyResult",
+    "AssignmentRow",
     "Delta",
     "Fence",
     "GroupVersion",
@@ -295,6 +297,13 @@ class Store(Protocol):
 
         Only the latest change of each job is kept (like a compacted watch); deleted
         jobs appear as tombstones (``job=None``)."""
+        ...
+
+    def assignment_rows(
+        self, cluster: str, after: str = "", limit: int = 5000
+    ) -> list[AssignmentRow]:
+        """``assignments`` as plain rows, no model built: what a new run's reload
+        reads, 300,000 of them at 10,000 nodes."""
         ...
 
     def job_spec_changes(self, cluster: str, since: int, limit: int = 500) -> SpecPage:

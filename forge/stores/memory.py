@@ -16,6 +16,7 @@ from forge.core.models import Assignment, Job, Node, NodeState
 from forge.core.versions import describe_change
 from forge.stores.base import (
     ApplyResult,
+    AssignmentRow,
     Delta,
     Fence,
     GroupVersion,
@@ -33,6 +34,22 @@ from forge.stores.base import (
 )
 
 __all__ = ["MemoryStore"]
+
+
+def _row(a: Assignment) -> AssignmentRow:
+    return AssignmentRow(
+        workload_id=a.workload_id,
+        job=a.job,
+        group=a.group,
+        ordinal=a.ordinal,
+        node=a.node,
+        gpu_ids=tuple(a.gpu_ids),
+        cpu=a.cpu,
+        memory=a.memory,
+        status=a.status.value,
+        gpu_milli=a.gpu_milli,
+        version=a.version,
+    )
 
 
 @dataclass
@@ -199,6 +216,11 @@ class MemoryStore:
             items = self._cluster(cluster).assignments
             keys = sorted(k for k in items if k > after)[:limit]
             return [items[k] for k in keys]
+
+    def assignment_rows(
+        self, cluster: str, after: str = "", limit: int = 5000
+    ) -> list[AssignmentRow]:
+        return [_row(a) for a in self.assignments(cluster, after, limit)]
 
     def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
         with self._lock:

@@ -17,6 +17,7 @@ from forge.errors import Conflict, ForgeError
 
 __all__ = [
     "ApplyResult",
+    "AssignmentRow",
     "Delta",
     "Fence",
     "GroupVersion",
@@ -59,6 +60,22 @@ class JobPage(_Wire):
     changes: list[JobChange]
     revision: int = Field(description="the highest revision this page covers")
     more: bool
+
+
+class AssignmentRow(NamedTuple):
+    """An assignment as the store holds it, unvalidated (``Store.assignment_rows``)."""
+
+    workload_id: str
+    job: str
+    group: str
+    ordinal: int
+    node: str
+    gpu_ids: tuple[str, ...]
+    cpu: int
+    memory: int
+    status: str
+    gpu_milli: int
+    version: str
 
 
 class SpecPage(NamedTuple):

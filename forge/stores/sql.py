@@ -16,10 +16,12 @@ reads below (``SqlReads``).
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, LiteralString
 
 from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
 from forge.stores.base import (
+    AssignmentRow,
     Fence,
     GroupVersion,
     JobChange,
@@ -187,6 +189,21 @@ class SqlReads:
             (cluster, after, max(limit, 0)),
         )
         return [assignment_from_row(row) for row in rows]
+
+    def assignment_rows(
+        self, cluster: str, after: str = "", limit: int = 5000
+    ) -> list[AssignmentRow]:
+        rows = self._all(
+            self._q(
+                "SELECT " + ASSIGNMENT_COLUMNS + " FROM assignments"
+                " WHERE cluster = ? AND workload_id > ? ORDER BY workload_id LIMIT ?"
+            ),
+            (cluster, after, max(limit, 0)),
+        )
+        return [
+            AssignmentRow(w, j, g, int(o), n, tuple(json.loads(ids)), c, m, st, mi or 0, v or "")
+            for w, j, g, o, n, ids, c, m, st, mi, v in rows
+        ]
 
     def nodes(self, cluster: str, after: str = "", limit: int = 5000) -> list[Node]:
         rows = self._all(

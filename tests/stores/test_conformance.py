@@ -24,6 +24,7 @@ from forge.stores import (
     migrate_url,
     open_store,
 )
+from forge.stores.base import AssignmentRow
 from forge.stores.migrations import LATEST_VERSION, migrate
 from forge.stores.postgres import PostgresStore, parse_postgres_url
 from forge.stores.sqlite import sqlite_path
@@ -332,6 +333,27 @@ def test_assignments_page_by_workload_id_in_code_point_order(store: Store) -> No
     assert [len(p) for p in pages] == [10, 10, 4]
     assert [a for p in pages for a in p] == expected
     assert store.assignments(C, after=expected[5].workload_id, limit=2) == expected[6:8]
+
+
+def test_assignment_rows_are_the_assignments_unbuilt(store: Store) -> None:
+    """The reload's raw read pages exactly as ``assignments``, field for field
+    (GPU ids, shares, versions and statuses included)."""
+    binds = [
+        bound("web", "api", 0),
+        bound("web", "api", 1, "n2", gpu_ids=("0", "3"), status=AssignmentStatus.RUNNING),
+        bound("gpu", "g", 0, "n3", gpu_ids=("1",)).model_copy(update={"gpu_milli": 250}),
+        bound("v", "g", 0).model_copy(update={"version": "abc123", "gpu_milli": 0}),
+        bound("f", "g", 2, status=AssignmentStatus.FAILED),
+    ]
+    store.apply_delta(C, Fence(1, 1), Delta(bind=binds))
+    for after, limit in (("", 10), ("", 2), ("gpu/g/0", 2), ("zzz", 5)):
+        built = store.assignments(C, after=after, limit=limit)
+        rows = store.assignment_rows(C, after=after, limit=limit)
+        assert [r._asdict() for r in rows] == [
+            {f: getattr(a, f) for f in AssignmentRow._fields}
+            | {"gpu_ids": tuple(a.gpu_ids), "status": a.status.value}
+            for a in built
+        ]
 
 
 def test_nodes_page_by_id(store: Store) -> None:

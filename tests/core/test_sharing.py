@@ -8,8 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.core.models import Job
+from forge.core.reconcile import Carry, ReconcileOptions, reconcile
 from forge.core.sharing import SharedGroups
+from tests import strategies as fs
 from tests.strategies import jobs
+from tests.test_reconcile import Sim, plan_key
 
 
 @settings(max_examples=60, deadline=None)
@@ -69,3 +72,47 @@ def test_shared_jobs_leave_the_collector_a_fraction_of_the_objects() -> None:
     kept = len(gc.get_objects()) - before
     assert len(shared) == 2000
     assert kept * 3 < apart, (kept, apart)
+
+
+@settings(max_examples=60, deadline=None)
+@given(fs.worlds(max_jobs=5), fs.options(), st.lists(fs.events(), max_size=8))
+def test_shared_jobs_plan_exactly_what_separate_copies_plan(
+    world: fs.World, options: ReconcileOptions, events: list[fs.Event]
+) -> None:
+    """The loop's state with shared groups plans as the state with a model per job
+    did: pass after pass, carried (as the workflow hands each pass the last one's
+    carry), through node and job events, with and without a work budget. The jobs
+    come in as the loop gets them: each parsed on its own (no group shared yet)."""
+    twins = {j.id: [Job.model_validate_json(j.model_dump_json()) for _ in range(3)]
+             for j in world.jobs.values()}  # fmt: skip
+    for jid, copies in list(twins.items()):  # more jobs of the same specs
+        for k, copy in enumerate(copies[1:]):
+            world.jobs[f"{jid}c{k}"] = copy.model_copy(update={"id": f"{jid}c{k}"})
+    table = SharedGroups()
+    apart = Sim(nodes=dict(world.nodes), jobs=dict(world.jobs), options=options)
+    shared = Sim(
+        nodes=dict(world.nodes),
+        jobs={jid: table.share(j) for jid, j in world.jobs.items()},
+        options=options,
+    )
+    carries: dict[int, Carry | None] = {id(apart): None, id(shared): None}
+    for step in range(len(events) + 1):
+        plans = []
+        for sim in (apart, shared):
+            carry = carries[id(sim)]
+            if carry is None:
+                carry = Carry.start(sim.jobs, sim.nodes)
+                for wid, b in sim.bindings.items():
+                    carry.absorb(wid, b)
+            plan = reconcile(**sim.inputs(), carry=carry)
+            sim.bindings, sim.pending, sim.failures = plan.bindings, plan.pending, plan.failures
+            sim.failed, sim.capacity_changed = set(), False
+            carries[id(sim)] = plan.carry
+            plans.append(plan_key(plan))
+        assert plans[0] == plans[1], f"pass {step} planned differently"
+        if step < len(events):
+            apart.apply(events[step])
+            shared.apply(events[step])
+            shared.jobs = {jid: table.share(j) for jid, j in shared.jobs.items()}
+            if shared.jobs.keys() != apart.jobs.keys():  # pragma: no cover
+                raise AssertionError("the event streams diverged")

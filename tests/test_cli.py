@@ -178,10 +178,13 @@ def test_plan_json_has_the_documented_shape_and_respects_capacity(
         )
         assert (code, err) == (0, "")
         doc = json.loads(out)  # exactly one JSON document
-        assert set(doc) == {"placements", "pending", "summary"}
+        assert set(doc) == {"placements", "preemptions", "pending", "summary"}
         assert set(doc["summary"]) == {
             "placed",
             "pending",
+            "running",
+            "preemptions",
+            "preempted",
             "nodes_used",
             "gpus_used",
             "gpu_milli_used",
@@ -244,9 +247,75 @@ def test_plan_reads_the_alibaba_trace_format(capsys: pytest.CaptureFixture[str])
     assert_within_capacity(doc["placements"], load_nodes(nodes_file), jobs)
 
 
+FULL_NODES = "- {id: a, cpu: 2000, memory: 4096}\n- {id: b, cpu: 2000, memory: 4096}\n"
+LOW_JOBS = """\
+- name: batch
+  priority: 20
+  groups:
+    - name: g
+      scaling: {min: 0, max: 4, desired: 4}
+      tasks: [{name: t, resources: {cpu: 1000, memory: 1024}}]
+"""
+HIGH_JOBS = """\
+- name: urgent
+  priority: 90
+  groups:
+    - name: g
+      tasks: [{name: t, resources: {cpu: 1500, memory: 1024}}]
+"""
+
+
+def test_plan_shows_whom_a_higher_priority_job_would_preempt(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes = write(tmp_path, "nodes.yaml", FULL_NODES)
+    low, high = write(tmp_path, "low.yaml", LOW_JOBS), write(tmp_path, "high.yaml", HIGH_JOBS)
+    args = ["plan", "--nodes", nodes, "--running", low, "--jobs", high]
+    code, out, err = run(capsys, *args, "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    [pre] = doc["preemptions"]
+    assert pre["preemptor"] == "urgent/g/0"
+    assert len(pre["victims"]) == 2  # 1,500 cpu needs both 1,000-cpu replicas of a node
+    assert all(v.startswith("batch/g/") for v in pre["victims"])
+    assert [p["workload_id"] for p in doc["placements"]] == ["urgent/g/0"]
+    assert doc["placements"][0]["node"] == pre["node"]
+    assert sorted(p["workload_id"] for p in doc["pending"]) == sorted(pre["victims"])
+    assert all("preempted by urgent/g/0" in p["reasons"][0] for p in doc["pending"])
+    s = doc["summary"]
+    assert (s["placed"], s["running"], s["preemptions"], s["preempted"]) == (1, 2, 1, 2)
+
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    assert "1 placed, 2 pending, 2 running" in out
+    assert "preemptions: 1 placed by evicting 2 replicas:" in out
+    assert f"urgent/g/0  {pre['node']}" in out and ", ".join(pre["victims"]) in out
+
+    code, out, _ = run(capsys, *args, "--json", "--no-preemption")
+    doc = json.loads(out)
+    assert doc["preemptions"] == [] and doc["summary"]["running"] == 4
+    assert [p["workload_id"] for p in doc["pending"]] == ["urgent/g/0"]
+    code, out, _ = run(capsys, *args, "--json", "--min-gap", "71")  # 90 - 20 = 70 < 71
+    assert json.loads(out)["preemptions"] == []
+
+
+def test_plan_refuses_a_job_both_running_and_new(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes, low = write(tmp_path, "nodes.yaml", FULL_NODES), write(tmp_path, "low.yaml", LOW_JOBS)
+    code, out, err = run(capsys, "plan", "--nodes", nodes, "--running", low, "--jobs", low)
+    assert code == 2 and out == ""
+    assert "'batch' is in both --running and --jobs" in err
+
+
 @pytest.mark.parametrize(
     "flags",
-    [["--algorithm", "worst"], ["--candidates", "-1"], ["--candidates", "x"]],
+    [
+        ["--algorithm", "worst"],
+        ["--candidates", "-1"],
+        ["--candidates", "x"],
+        ["--min-gap", "0"],
+    ],
 )
 def test_plan_bad_flag_values_exit_2(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
     nodes, jobs = str(EXAMPLES / "nodes.yaml"), str(EXAMPLES / "web.yaml")

@@ -828,3 +828,93 @@ def test_status_shows_what_the_agents_report_each_node_uses_and_its_ports() -> N
         "port": 8000,
     }
     assert "usage" not in doc["nodes"][1]
+
+
+# ------------------------------------------------------------ cluster start options
+
+
+class _Described:
+    def __init__(self, running: bool | None) -> None:
+        self.running = running
+
+    async def describe(self) -> Any:
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        if self.running is None:
+            raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+        status = WorkflowExecutionStatus.RUNNING if self.running else None
+        return type("Description", (), {"status": status})()
+
+
+class _FakeForgeClient:
+    """What ``forge cluster start`` uses of ForgeClient; ``started`` holds the
+    options the workflow would start with."""
+
+    def __init__(self, running: bool | None) -> None:
+        self.cluster, self.workflow_id = "default", "forge-cluster-default"
+        self.options = c.ClusterOptions()
+        self.started: list[c.ClusterOptions] = []
+        self._handle = _Described(running)
+
+    def handle(self) -> _Described:
+        return self._handle
+
+    async def start(self) -> str:
+        self.started.append(self.options)
+        return "run-1"
+
+
+def _start_with(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fc: _FakeForgeClient,
+    *flags: str,
+) -> tuple[int, str, str]:
+    from forge.cli import cluster as cluster_cli
+
+    def fake_remote(s: object, timeout: float, action: Any, **_: object) -> int:
+        return int(asyncio.run(action(fc)))
+
+    monkeypatch.setattr(cluster_cli, "remote", fake_remote)
+    return run(capsys, "cluster", "start", *flags)
+
+
+def test_cluster_start_sets_the_preemption_options_the_workflow_starts_with(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fc = _FakeForgeClient(running=None)
+    flags = ("--no-preemption", "--min-gap", "25", "--preemption-cooldown", "60")
+    code, out, err = _start_with(monkeypatch, capsys, fc, *flags)
+    assert code == 0 and "run-1" in out, err
+    [opts] = fc.started
+    r = opts.reconcile
+    assert (r.preemption, r.min_gap, r.preemption_cooldown) == (False, 25, 60.0)
+    assert r.backoff_base == c.ClusterOptions().reconcile.backoff_base  # the rest: defaults
+
+    fc = _FakeForgeClient(running=None)  # no flags: the defaults, untouched
+    assert _start_with(monkeypatch, capsys, fc)[0] == 0
+    assert fc.started == [c.ClusterOptions()]
+
+
+def test_cluster_start_refuses_options_for_a_cluster_already_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fc = _FakeForgeClient(running=True)
+    code, out, err = _start_with(monkeypatch, capsys, fc, "--min-gap", "25")
+    assert code == 2 and out == "" and fc.started == []
+    assert "running with the options it was started with; the options given (--min-gap)" in err
+    fc = _FakeForgeClient(running=True)  # without flags: start is a no-op, as before
+    assert _start_with(monkeypatch, capsys, fc)[0] == 0 and fc.started == [c.ClusterOptions()]
+
+
+@pytest.mark.parametrize(
+    "flags", [["--min-gap", "0"], ["--min-gap", "100"], ["--preemption-cooldown", "-1"]]
+)
+def test_cluster_start_bad_preemption_options_exit_2(
+    capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    code, out, err = run(
+        capsys, "cluster", "start", *flags, "--address", f"127.0.0.1:{free_port()}"
+    )
+    assert code == 2 and out == "" and flags[0] in err

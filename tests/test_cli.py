@@ -735,7 +735,7 @@ async def _drive(
     on_n1 = sum(1 for a in (await status_json())["assignments"] if a["node"] == "n1")
     code, out, err = await forge(capsys, "node", "drain", "n1", *target)
     assert code == 0, err
-    assert f"{on_n1} replicas moved" in out
+    assert f"{on_n1} replicas moving off it" in out
     doc = await status_json()
     assert not [a for a in doc["assignments"] if a["node"] == "n1"]
     assert next(n for n in doc["nodes"] if n["id"] == "n1")["state"] == "draining"

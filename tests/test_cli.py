@@ -178,10 +178,13 @@ def test_plan_json_has_the_documented_shape_and_respects_capacity(
         )
         assert (code, err) == (0, "")
         doc = json.loads(out)  # exactly one JSON document
-        assert set(doc) == {"placements", "pending", "summary"}
+        assert set(doc) == {"placements", "preemptions", "pending", "summary"}
         assert set(doc["summary"]) == {
             "placed",
             "pending",
+            "running",
+            "preemptions",
+            "preempted",
             "nodes_used",
             "gpus_used",
             "gpu_milli_used",
@@ -244,9 +247,75 @@ def test_plan_reads_the_alibaba_trace_format(capsys: pytest.CaptureFixture[str])
     assert_within_capacity(doc["placements"], load_nodes(nodes_file), jobs)
 
 
+FULL_NODES = "- {id: a, cpu: 2000, memory: 4096}\n- {id: b, cpu: 2000, memory: 4096}\n"
+LOW_JOBS = """\
+- name: batch
+  priority: 20
+  groups:
+    - name: g
+      scaling: {min: 0, max: 4, desired: 4}
+      tasks: [{name: t, resources: {cpu: 1000, memory: 1024}}]
+"""
+HIGH_JOBS = """\
+- name: urgent
+  priority: 90
+  groups:
+    - name: g
+      tasks: [{name: t, resources: {cpu: 1500, memory: 1024}}]
+"""
+
+
+def test_plan_shows_whom_a_higher_priority_job_would_preempt(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes = write(tmp_path, "nodes.yaml", FULL_NODES)
+    low, high = write(tmp_path, "low.yaml", LOW_JOBS), write(tmp_path, "high.yaml", HIGH_JOBS)
+    args = ["plan", "--nodes", nodes, "--running", low, "--jobs", high]
+    code, out, err = run(capsys, *args, "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    [pre] = doc["preemptions"]
+    assert pre["preemptor"] == "urgent/g/0"
+    assert len(pre["victims"]) == 2  # 1,500 cpu needs both 1,000-cpu replicas of a node
+    assert all(v.startswith("batch/g/") for v in pre["victims"])
+    assert [p["workload_id"] for p in doc["placements"]] == ["urgent/g/0"]
+    assert doc["placements"][0]["node"] == pre["node"]
+    assert sorted(p["workload_id"] for p in doc["pending"]) == sorted(pre["victims"])
+    assert all("preempted by urgent/g/0" in p["reasons"][0] for p in doc["pending"])
+    s = doc["summary"]
+    assert (s["placed"], s["running"], s["preemptions"], s["preempted"]) == (1, 2, 1, 2)
+
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    assert "1 placed, 2 pending, 2 running" in out
+    assert "preemptions: 1 placed by evicting 2 replicas:" in out
+    assert f"urgent/g/0  {pre['node']}" in out and ", ".join(pre["victims"]) in out
+
+    code, out, _ = run(capsys, *args, "--json", "--no-preemption")
+    doc = json.loads(out)
+    assert doc["preemptions"] == [] and doc["summary"]["running"] == 4
+    assert [p["workload_id"] for p in doc["pending"]] == ["urgent/g/0"]
+    code, out, _ = run(capsys, *args, "--json", "--min-gap", "71")  # 90 - 20 = 70 < 71
+    assert json.loads(out)["preemptions"] == []
+
+
+def test_plan_refuses_a_job_both_running_and_new(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes, low = write(tmp_path, "nodes.yaml", FULL_NODES), write(tmp_path, "low.yaml", LOW_JOBS)
+    code, out, err = run(capsys, "plan", "--nodes", nodes, "--running", low, "--jobs", low)
+    assert code == 2 and out == ""
+    assert "'batch' is in both --running and --jobs" in err
+
+
 @pytest.mark.parametrize(
     "flags",
-    [["--algorithm", "worst"], ["--candidates", "-1"], ["--candidates", "x"]],
+    [
+        ["--algorithm", "worst"],
+        ["--candidates", "-1"],
+        ["--candidates", "x"],
+        ["--min-gap", "0"],
+    ],
 )
 def test_plan_bad_flag_values_exit_2(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
     nodes, jobs = str(EXAMPLES / "nodes.yaml"), str(EXAMPLES / "web.yaml")
@@ -666,7 +735,7 @@ async def _drive(
     on_n1 = sum(1 for a in (await status_json())["assignments"] if a["node"] == "n1")
     code, out, err = await forge(capsys, "node", "drain", "n1", *target)
     assert code == 0, err
-    assert f"{on_n1} replicas moved" in out
+    assert f"{on_n1} replicas moving off it" in out
     doc = await status_json()
     assert not [a for a in doc["assignments"] if a["node"] == "n1"]
     assert next(n for n in doc["nodes"] if n["id"] == "n1")["state"] == "draining"
@@ -759,3 +828,93 @@ def test_status_shows_what_the_agents_report_each_node_uses_and_its_ports() -> N
         "port": 8000,
     }
     assert "usage" not in doc["nodes"][1]
+
+
+# ------------------------------------------------------------ cluster start options
+
+
+class _Described:
+    def __init__(self, running: bool | None) -> None:
+        self.running = running
+
+    async def describe(self) -> Any:
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        if self.running is None:
+            raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+        status = WorkflowExecutionStatus.RUNNING if self.running else None
+        return type("Description", (), {"status": status})()
+
+
+class _FakeForgeClient:
+    """What ``forge cluster start`` uses of ForgeClient; ``started`` holds the
+    options the workflow would start with."""
+
+    def __init__(self, running: bool | None) -> None:
+        self.cluster, self.workflow_id = "default", "forge-cluster-default"
+        self.options = c.ClusterOptions()
+        self.started: list[c.ClusterOptions] = []
+        self._handle = _Described(running)
+
+    def handle(self) -> _Described:
+        return self._handle
+
+    async def start(self) -> str:
+        self.started.append(self.options)
+        return "run-1"
+
+
+def _start_with(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fc: _FakeForgeClient,
+    *flags: str,
+) -> tuple[int, str, str]:
+    from forge.cli import cluster as cluster_cli
+
+    def fake_remote(s: object, timeout: float, action: Any, **_: object) -> int:
+        return int(asyncio.run(action(fc)))
+
+    monkeypatch.setattr(cluster_cli, "remote", fake_remote)
+    return run(capsys, "cluster", "start", *flags)
+
+
+def test_cluster_start_sets_the_preemption_options_the_workflow_starts_with(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fc = _FakeForgeClient(running=None)
+    flags = ("--no-preemption", "--min-gap", "25", "--preemption-cooldown", "60")
+    code, out, err = _start_with(monkeypatch, capsys, fc, *flags)
+    assert code == 0 and "run-1" in out, err
+    [opts] = fc.started
+    r = opts.reconcile
+    assert (r.preemption, r.min_gap, r.preemption_cooldown) == (False, 25, 60.0)
+    assert r.backoff_base == c.ClusterOptions().reconcile.backoff_base  # the rest: defaults
+
+    fc = _FakeForgeClient(running=None)  # no flags: the defaults, untouched
+    assert _start_with(monkeypatch, capsys, fc)[0] == 0
+    assert fc.started == [c.ClusterOptions()]
+
+
+def test_cluster_start_refuses_options_for_a_cluster_already_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fc = _FakeForgeClient(running=True)
+    code, out, err = _start_with(monkeypatch, capsys, fc, "--min-gap", "25")
+    assert code == 2 and out == "" and fc.started == []
+    assert "running with the options it was started with; the options given (--min-gap)" in err
+    fc = _FakeForgeClient(running=True)  # without flags: start is a no-op, as before
+    assert _start_with(monkeypatch, capsys, fc)[0] == 0 and fc.started == [c.ClusterOptions()]
+
+
+@pytest.mark.parametrize(
+    "flags", [["--min-gap", "0"], ["--min-gap", "100"], ["--preemption-cooldown", "-1"]]
+)
+def test_cluster_start_bad_preemption_options_exit_2(
+    capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    code, out, err = run(
+        capsys, "cluster", "start", *flags, "--address", f"127.0.0.1:{free_port()}"
+    )
+    assert code == 2 and out == "" and flags[0] in err

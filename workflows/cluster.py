@@ -201,6 +201,8 @@ class ClusterWorkflow(Presentation):
         }
         if not workflow.patched(patches.PREEMPTION):
             update["preemption"] = False  # a history recorded before preemption
+        if not workflow.patched(patches.DISRUPTION_BUDGETS):
+            update["disruption_budgets"] = False  # recorded before drains and waves counted
         if self.st.max_work:  # the watchdog's, after repeated deadlocks
             update.update(max_work=self.st.max_work, pending_units=PENDING_UNITS)
         elif not options.max_work:
@@ -308,7 +310,7 @@ class ClusterWorkflow(Presentation):
         self.replay_cost += plan.work
         st.last_pass_at = now
         st.last_pass = views.pass_text(st.passes, plan)
-        if plan.deferred:
+        if plan.deferred or plan.again:  # (again: only under DISRUPTION_BUDGETS)
             self.dirty = True
         self._record(plan, elapsed)
         self._details()

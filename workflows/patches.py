@@ -1,19 +1,26 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-One is in use (``PREEMPTION``). The round before folded every earlier patch (work
-budgets, the published status, rolling updates and health checks, placement version 2,
-dropped-signal notices) into one baseline, since no user runs histories recorded before
-them, and re-recorded the replay corpus (tests/histories/). The rule from here on
-(README "Tests"): a behaviour change to code a pass runs gets an id here, named by the
-behaviour (``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)`` branch,
-the corpus recorded before it kept beside the new one, and, once no running workflow can
-need the old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
+Two are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``). The round before folded
+every earlier patch (work budgets, the published status, rolling updates and health
+checks, placement version 2, dropped-signal notices) into one baseline, since no user
+runs histories recorded before them, and re-recorded the replay corpus
+(tests/histories/). The rule from here on (README "Tests"): a behaviour change to code
+a pass runs gets an id here, named by the behaviour (``"gpu-spread-score"``, never
+``"v3"``), a ``workflow.patched(ID)`` branch, the corpus recorded before it kept beside
+the new one, and, once no running workflow can need the old branch,
+``workflow.deprecate_patch(ID)`` and then nothing.
 """
 
 from __future__ import annotations
 
-__all__ = ["PREEMPTION"]
+__all__ = ["DISRUPTION_BUDGETS", "PREEMPTION"]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
 PREEMPTION = "preemption"
+
+#: A group's disruption budget bounds node drains and rolling-update waves together
+#: with preemption (forge.core.disruption); runs recorded before it release a
+#: draining node's replicas at once, roll by max_parallel alone and count
+#: preemption's evictions on their own.
+DISRUPTION_BUDGETS = "disruption-budgets"

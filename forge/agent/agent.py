@@ -96,6 +96,8 @@ class Agent:
         # the group version each replica was started for: a binding of the same
         # replica on another version (a rolling update) replaces the process
         self._versions: dict[str, str] = {}
+        # bound replicas whose start waits for released ones to stop (logged once)
+        self._waiting: set[str] = set()
         self._adopt()
 
     # -- start-up -------------------------------------------------------------------
@@ -213,12 +215,36 @@ class Agent:
                 continue
             if group is None:
                 continue  # the job is gone: the loop releases the binding next
+            if not self._room_for(a):
+                continue  # replicas still stopping hold its room: started once they end
             self._forget_checks(wid)
             self._checks[wid] = _checks_of(group)
             self._versions[wid] = a.version
             event = sup.start(wid, group, a.cpu, a.memory)
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
+
+    def _room_for(self, a: Assignment) -> bool:
+        """Can ``a`` start now without the node's processes holding more than its
+        capacity? Replicas released but still in their ``stop_grace`` (a preemption's
+        victims, a drain's) count until their processes end, so the replica bound in
+        their place starts after them. Only the stopping ones can hold it back: the
+        loop never binds more than the node holds."""
+        cpu = mem = 0
+        stopping = False
+        for r in self.supervisor.replicas.values():
+            if all(t.finished() for t in r.tasks):
+                continue
+            cpu, mem = cpu + r.cpu, mem + r.memory
+            stopping = stopping or r.stopping_since is not None
+        fits = cpu + a.cpu <= self.node.cpu and mem + a.memory <= self.node.memory
+        if not fits and stopping:
+            if a.workload_id not in self._waiting:
+                self._waiting.add(a.workload_id)
+                log.info("agent.start_waits", workload=a.workload_id, why="replicas stopping")
+            return False
+        self._waiting.discard(a.workload_id)
+        return True
 
     def _report(self, event: Event) -> None:
         if event.workload_id in self._released:

@@ -19,6 +19,7 @@ from forge.cli.remote import (
     settings,
     web_ui_hint,
 )
+from forge.errors import InvalidInput
 
 if TYPE_CHECKING:
     from temporalio.service import ServiceClient
@@ -38,18 +39,84 @@ def cluster() -> None:
     pass
 
 
-@cluster.command(short_help="start the cluster workflow if needed")
+@cluster.command(
+    short_help="start the cluster workflow if needed",
+    help=(
+        "Start the cluster workflow if it is not running. The preemption flags set the "
+        "options it starts with (it carries them through continue-as-new); a cluster "
+        "already running keeps its own, so giving them then is an error. Any other "
+        "command that starts the cluster starts it with the defaults."
+    ),
+)
 @temporal_options
-def start(connect_timeout: float, **flags: str | None) -> int:
+@click.option(
+    "--preemption/--no-preemption",
+    default=None,
+    help="a replica that fits nowhere may evict lower-priority replicas [on]",
+)
+@click.option(
+    "--min-gap",
+    type=click.IntRange(1, 99),
+    default=None,
+    help="priority points a victim is below its preemptor [10]",
+)
+@click.option(
+    "--preemption-cooldown",
+    type=click.FloatRange(0, 7 * 24 * 3600),
+    default=None,
+    metavar="SECONDS",
+    help="a preempted replica is not preempted again for this long [600]",
+)
+def start(
+    connect_timeout: float,
+    preemption: bool | None,
+    min_gap: int | None,
+    preemption_cooldown: float | None,
+    **flags: str | None,
+) -> int:
     s = settings(**flags)
+    chosen = {
+        "preemption": preemption,
+        "min_gap": min_gap,
+        "preemption_cooldown": preemption_cooldown,
+    }
+    chosen = {k: v for k, v in chosen.items() if v is not None}
 
     async def action(fc: ForgeClient) -> int:
+        if chosen:
+            if await _running(fc):
+                raise InvalidInput(
+                    f"cluster {fc.cluster} is running with the options it was started "
+                    f"with; the options given ({', '.join(_flag(k) for k in chosen)}) apply "
+                    "only when this command starts it"
+                )
+            fc.options = fc.options.model_copy(
+                update={"reconcile": fc.options.reconcile.model_copy(update=chosen)}
+            )
         run_id = await fc.start()
         print(f"cluster {fc.cluster}: workflow {fc.workflow_id} running (run {run_id})")
         print(web_ui_hint(s))
         return 0
 
     return remote(s, connect_timeout, action)
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+async def _running(fc: ForgeClient) -> bool:
+    """Is the cluster workflow running now?"""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        desc = await fc.handle().describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return desc.status == WorkflowExecutionStatus.RUNNING
 
 
 @click.command(

@@ -120,7 +120,7 @@ async def _lost(fc: ForgeClient, node_id: str) -> str:
 
 async def _drain(fc: ForgeClient, node_id: str) -> str:
     moved = await fc.drain_node(node_id)
-    return f"draining; {moved} replicas moved off it"
+    return f"draining; {moved} replicas moving off it"
 
 
 _signal_command("remove", "unregister a node (its replicas move)", _remove)

@@ -13,12 +13,13 @@ from forge import render
 from forge.cli import plan_output
 from forge.cli.params import Checked, nonnegative_int, permille
 from forge.cli.remote import print_json
-from forge.core.models import Job
+from forge.core.models import Job, Node
+from forge.core.placement import Binding
 from forge.core.placement.scorers import ALGORITHMS, Algorithm
-from forge.core.reconcile import ReconcileOptions, reconcile
+from forge.core.reconcile import Plan, ReconcileOptions, reconcile
 from forge.loaders import load_jobs, load_nodes
 
-__all__ = ["COMMANDS", "plan", "replica_count"]
+__all__ = ["COMMANDS", "plan", "plan_passes", "replica_count"]
 
 _CANDIDATES = ReconcileOptions().candidates
 
@@ -27,16 +28,55 @@ def replica_count(jobs: Sequence[Job]) -> int:
     return sum(g.scaling.desired for j in jobs for g in j.groups)
 
 
+def plan_passes(
+    nodes: Sequence[Node],
+    running: Sequence[Job],
+    jobs: Sequence[Job],
+    options: ReconcileOptions,
+) -> tuple[Plan, float]:
+    """Plan ``running`` on the empty ``nodes`` (when there are any), then ``running``
+    and ``jobs`` against what the first pass bound: (the last plan, its seconds)."""
+    by_id = {n.id: n for n in nodes}
+    bindings: dict[str, Binding] = {}
+    if running:
+        first = reconcile(
+            jobs={j.id: j for j in running},
+            nodes=by_id,
+            bindings={},
+            pending={},
+            failures={},
+            now=0.0,
+            options=options,
+        )
+        bindings = first.bindings
+    start = time.perf_counter()
+    result = reconcile(
+        jobs={j.id: j for j in [*running, *jobs]},
+        nodes=by_id,
+        bindings=bindings,
+        pending={},
+        failures={},
+        now=0.0,
+        options=options,
+    )
+    return result, time.perf_counter() - start
+
+
 @click.command(
     short_help="dry-run one placement pass offline (no server)",
     help=(
         "Plan one reconcile pass offline with exactly the code the cluster workflow "
-        "runs (forge.core.reconcile): every replica of the jobs against the nodes, no "
-        "existing bindings.\n\n--json prints one object: {placements: [{workload_id, "
-        "node, gpu_ids}], pending: [{workload_id, reasons}], summary: {placed, pending, "
-        "nodes_used, gpus_used, gpu_milli_used, seconds}}; seconds is the planning time "
-        "only; a shared GPU's placement adds gpu_milli, gpus_used counts devices "
-        "holding anything."
+        "runs (forge.core.reconcile): every replica of the jobs against the nodes. With "
+        "--running, those jobs are planned first on the empty nodes and --jobs are then "
+        "planned against what they hold, so higher-priority jobs show which replicas "
+        "they would preempt.\n\n--json prints one object: {placements: [{workload_id, "
+        "node, gpu_ids}], preemptions: [{preemptor, node, victims}], pending: "
+        "[{workload_id, reasons}], summary: {placed, pending, running, preemptions, "
+        "preempted, nodes_used, gpus_used, gpu_milli_used, seconds}}; placements and "
+        "preemptions are the last pass's, running counts the replicas it kept, "
+        "preempted the victims; seconds is the last pass's planning time only; a "
+        "shared GPU's placement adds gpu_milli, gpus_used counts devices holding "
+        "anything."
     ),
 )
 @click.option("--nodes", required=True, metavar="FILE", help="nodes: YAML, JSON or trace CSV")
@@ -62,6 +102,25 @@ def replica_count(jobs: Sequence[Job]) -> int:
     default=_CANDIDATES,
     help=f"feasible nodes scored per replica; 0 scores all (default {_CANDIDATES})",
 )
+@click.option(
+    "--running",
+    metavar="FILE",
+    default=None,
+    help="jobs already running (YAML, JSON or trace CSV): planned first; --jobs then "
+    "planned against what they hold",
+)
+@click.option(
+    "--preemption/--no-preemption",
+    default=True,
+    help="a replica that fits nowhere may evict lower-priority replicas (default on)",
+)
+@click.option(
+    "--min-gap",
+    type=click.IntRange(1, 99),
+    default=ReconcileOptions().min_gap,
+    show_default=True,
+    help="priority points a victim is below its preemptor",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def plan(
     nodes: str,
@@ -70,32 +129,33 @@ def plan(
     placement_version: str,
     gpu_reserve: int | None,
     candidates: int,
+    running: str | None,
+    preemption: bool,
+    min_gap: int,
     as_json: bool,
 ) -> int:
     node_list = load_nodes(nodes)
     job_list = load_jobs(jobs)
-    replicas = replica_count(job_list)
+    running_list = load_jobs(running) if running is not None else []
+    clash = sorted({j.id for j in job_list} & {j.id for j in running_list})
+    if clash:
+        raise click.BadParameter(
+            f"job {clash[0]!r} is in both --running and --jobs", param_hint="--running"
+        )
+    replicas = replica_count(job_list) + replica_count(running_list)
     options = ReconcileOptions(
         algorithm=cast(Algorithm, algorithm),  # one of ALGORITHMS (click.Choice)
         candidates=candidates,
         max_placements=max(1, replicas),
         placement_version=int(placement_version),
         gpu_reserve=gpu_reserve,
+        preemption=preemption,
+        min_gap=min_gap,
     )
     show = sys.stderr.isatty() and not (as_json and not sys.stdout.isatty())
     message = f"planning {replicas:,} replicas on {len(node_list):,} nodes..."
     with render.Spinner(message, enabled=show):
-        start = time.perf_counter()
-        result = reconcile(
-            jobs={j.id: j for j in job_list},
-            nodes={n.id: n for n in node_list},
-            bindings={},
-            pending={},
-            failures={},
-            now=0.0,
-            options=options,
-        )
-        seconds = time.perf_counter() - start
+        result, seconds = plan_passes(node_list, running_list, job_list, options)
     if as_json:
         print_json(plan_output.plan_json(result, seconds))
     else:

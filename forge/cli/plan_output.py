@@ -1,5 +1,6 @@
-"""What ``forge plan`` prints: the placements as JSON, or a summary with the
-busiest nodes and the pending reasons grouped (the tables come from ``output``)."""
+"""What ``forge plan`` prints: the placements and preemptions as JSON, or a summary
+with the busiest nodes, the preemptions and the pending reasons grouped (the tables
+come from ``forge.render``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def _gpus(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
 
 
+def _kept(plan: Plan) -> int:
+    """Bindings the pass kept (it was given them and did not release them)."""
+    return len(plan.bindings) - len(plan.placed)
+
+
 def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
     """The ``forge plan --json`` object (documented in ``forge plan --help``)."""
     nodes_used = {b.node for b in plan.bindings.values()}
@@ -34,6 +40,10 @@ def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
             | ({"gpu_milli": b.gpu_milli} if b.gpu_milli else {})
             for b in plan.placed
         ],
+        "preemptions": [
+            {"preemptor": p.preemptor, "node": p.node, "victims": list(p.victims)}
+            for p in plan.preemptions
+        ],
         "pending": [
             {"workload_id": wid, "reasons": list(entry.reasons)}
             for wid, entry in plan.pending.items()
@@ -41,6 +51,9 @@ def plan_json(plan: Plan, seconds: float) -> dict[str, Any]:
         "summary": {
             "placed": len(plan.placed),
             "pending": len(plan.pending),
+            "running": _kept(plan),
+            "preemptions": len(plan.preemptions),
+            "preempted": sum(len(p.victims) for p in plan.preemptions),
             "nodes_used": len(nodes_used),
             # devices holding anything (a shared device counts once) and milli-GPU held
             "gpus_used": len({(b.node, g) for b in plan.bindings.values() for g in b.gpu_ids}),
@@ -71,7 +84,8 @@ def plan_text(
     sample = "all nodes" if candidates == 0 else f"{candidates} candidates"
     lines = [
         f"planned {plan.desired:,} replicas on {len(nodes):,} nodes in {seconds:.2f} s "
-        f"({algorithm}, {sample}): {len(plan.placed):,} placed, {len(plan.pending):,} pending",
+        f"({algorithm}, {sample}): {len(plan.placed):,} placed, {len(plan.pending):,} pending"
+        + (f", {_kept(plan):,} running" if _kept(plan) else ""),
         f"allocated: cpu {cores(used_cpu)}/{cores(total_cpu)} cores ({pct(used_cpu, total_cpu)}), "
         f"memory {gib(used_mem)}/{gib(total_mem)} GiB ({pct(used_mem, total_mem)}), "
         f"gpus {_gpus(used_gpu)}/{total_gpu:,} ({pct(used_gpu, total_gpu)})",
@@ -98,7 +112,21 @@ def plan_text(
         lines += ["", f"busiest nodes (top {min(TOP, len(per_node))} by replicas placed):"]
         lines.append(table(("NODE", "REPLICAS", "CPU", "MEMORY GiB", "GPUS"), rows))
         lines += more(len(busiest), len(per_node), "nodes")
+    if plan.preemptions:
+        lines += ["", *_preemptions_text(plan)]
     if plan.pending:
         pending = [(wid, e.reasons) for wid, e in plan.pending.items()]
         lines += ["", *reasons_table(pending, len(pending))]
     return "\n".join(lines)
+
+
+def _preemptions_text(plan: Plan) -> list[str]:
+    """Who would evict whom: the count, then the first preemptions in plan order."""
+    shown = plan.preemptions[:TOP]
+    victims = sum(len(p.victims) for p in plan.preemptions)
+    rows = [(p.preemptor, p.node, len(p.victims), ", ".join(p.victims)) for p in shown]
+    return [
+        f"preemptions: {len(plan.preemptions):,} placed by evicting {victims:,} replicas:",
+        table(("PREEMPTOR", "NODE", "EVICTED", "VICTIMS"), rows),
+        *more(len(shown), len(plan.preemptions), "preemptions"),
+    ]

@@ -50,7 +50,7 @@ class ReconcileOptions(Evolving):
     spread drop the GpuPreserve preference the reservation replaces.
     """
 
-    _new_fields = ("preemption", "min_gap", "preemption_cooldown")
+    _new_fields = ("preemption", "min_gap", "preemption_cooldown", "disruption_budgets")
 
     algorithm: Algorithm = "binpack"
     candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
@@ -103,6 +103,14 @@ class ReconcileOptions(Evolving):
         ge=0,
         le=7 * 24 * 3600,
         description="seconds during which a preempted replica is not preempted again",
+    )
+
+    disruption_budgets: bool = Field(
+        default=True,
+        description="a group's disruption budget bounds node drains and rolling-update "
+        "waves as well as preemption, all together (forge.core.disruption); off: drains "
+        "release at once, rollouts go by max_parallel only and preemption counts alone. "
+        "The workflow turns it on under a patch, so histories recorded before it replay",
     )
 
     @property
@@ -173,6 +181,11 @@ class Plan:
     carry: Carry | None = None  # hand it to the next pass (see Carry)
     rollouts: RolloutPlan | None = None  # with options.rollouts: what rolling decided
     preemptions: list[Preempted] = field(default_factory=list)
+    #: replicas kept on draining nodes this pass: their groups' budgets are spent
+    drain_held: list[str] = field(default_factory=list)
+    #: the next pass should run at once: a group whose budget held a drain or a
+    #: wave back got a replica bound again, so the next one may go
+    again: bool = False
 
     @property
     def changed(self) -> bool:

@@ -39,8 +39,9 @@ class ScalingPolicy(Model):
 
 
 class DisruptionBudget(Model):
-    """How many of a group's replicas voluntary disruptions (preemption) may take
-    below ``desired`` at once (a Kubernetes PodDisruptionBudget's
+    """How many of a group's replicas voluntary disruptions (node drains, rolling
+    update waves and preemption, together: forge.core.disruption) may take below
+    ``desired`` at once (a Kubernetes PodDisruptionBudget's
     ``maxUnavailable``): a count, or a percentage of ``desired`` rounded up."""
 
     max_unavailable: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)] | str

@@ -57,6 +57,10 @@ class Phase:
     bound: Callable[[tuple[str, str]], int]
     release: Callable[[str, Binding, str], None]
     bind: Callable[[Job, TaskGroup, int, Binding], None]
+    #: with budgets shared with drains and rollouts: what a group's budget lets go
+    #: now, read live from the pass (forge.core.disruption); None: preemption counts
+    #: its own evictions against the bound count before the pass's placements
+    ledger: Callable[[tuple[str, str]], int | None] | None = None
     work: int = 0
     #: no bound replica's priority is below this (``Carry.floor``)
     floor: int = 1
@@ -225,7 +229,9 @@ class Phase:
     def _budget(self, key: tuple[str, str]) -> int | None:
         """Replicas of the group preemption may still take this pass (None: no
         budget): its allowance less what is unavailable already and what this pass
-        preempted."""
+        preempted (with a ``ledger``: what it says, drains and waves counted)."""
+        if self.ledger is not None:
+            return self.ledger(key)
         entry = self.groups.get(key)
         if entry is None or entry.spec.disruption is None:
             return None

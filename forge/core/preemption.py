@@ -116,10 +116,10 @@ def find(
         node = nodes[i]
         held = holders(node.node.id)
         work += 1 + len(held)
-        choice = _on_node(node, req, held, search)
+        choice = _on_node(node, req, held, search, best.key if best is not None else None)
         if choice is not None:
             found += 1
-            if best is None or choice.key < best.key:
+            if isinstance(choice, Preemption) and (best is None or choice.key < best.key):
                 best, best_pos = choice, i
             if found >= candidates:
                 break
@@ -128,11 +128,30 @@ def find(
     return best, work, (best_pos + 1 if best is not None else pos)
 
 
+class _Worse:
+    """A node where preemption would work but cannot beat the best found so far."""
+
+
+WORSE = _Worse()
+
+
 def _on_node(
-    node: NodeAlloc, req: Request, held: Sequence[Holder], search: Search
-) -> Preemption | None:
+    node: NodeAlloc,
+    req: Request,
+    held: Sequence[Holder],
+    search: Search,
+    beat: tuple[int, int, int] | None = None,
+) -> Preemption | _Worse | None:
     """The minimal victims on ``node`` that let ``req`` fit, or None. Simulated on
-    the node's allocation (unhold, then hold back), which is restored exactly."""
+    the node's allocation (unhold, then hold back), which is restored exactly.
+
+    ``beat``: the key of the best choice so far. A node that is feasible but whose
+    every victim set would rank after it is :data:`WORSE`, told without the
+    simulation when that is exact: a request asking no GPU (its candidates hold
+    none, so the GPU reservation stays as it is and it fits with them gone exactly
+    when cpu and memory room do), no candidate's group under a budget (the minimal
+    set is always allowed), the node short as it is (one victim at least) and every
+    candidate above ``beat``'s highest victim."""
     limit, cooling = search.limit, search.cooling
     budgets: dict[tuple[str, str], int | None] = {}
     cands = []
@@ -153,6 +172,16 @@ def _on_node(
         return None
     if node.mem_free + sum(h.binding.memory for h in cands) < req.memory:
         return None
+    if beat is not None and not gpu and all(budgets[h.group] is None for h in cands):
+        cpu_room, mem_room = node.cpu_room(req), node.mem_room(req)
+        if cpu_room + sum(h.binding.cpu for h in cands) < req.cpu:
+            return None
+        if mem_room + sum(h.binding.memory for h in cands) < req.memory:
+            return None
+        if (cpu_room < req.cpu or mem_room < req.memory) and _cannot_beat(
+            beat, cands, req.cpu - cpu_room, req.memory - mem_room
+        ):
+            return WORSE
     for h in cands:
         node.unhold(h.binding)
     if not node.fits(req):
@@ -175,6 +204,33 @@ def _on_node(
             return None  # the minimal set would break a disruption budget
     victims.sort(key=lambda h: h.wid)
     return Preemption(node, tuple(victims))
+
+
+def _cannot_beat(beat: tuple[int, int, int], cands: Sequence[Holder], cpu: int, mem: int) -> bool:
+    """No victim set among ``cands`` freeing ``cpu`` and ``mem`` ranks before
+    ``beat``: every candidate is above its highest victim, or as high as it is
+    and the fewest victims that could free enough (the largest first) would already
+    sum to no less with no fewer victims (each then has exactly that priority)."""
+    low = min(h.priority for h in cands)
+    if low != beat[0]:
+        return low > beat[0]
+    k = max(
+        _fewest([h.binding.cpu for h in cands], cpu),
+        _fewest([h.binding.memory for h in cands], mem),
+    )
+    return (low * k, k) >= beat[1:]
+
+
+def _fewest(sizes: list[int], need: int) -> int:
+    """How many of ``sizes`` at least add up to ``need`` (largest first)."""
+    if need <= 0:
+        return 0
+    got = 0
+    for k, size in enumerate(sorted(sizes, reverse=True), 1):
+        got += size
+        if got >= need:
+            return k
+    return len(sizes) + 1  # (not reached: the caller checked the sum)
 
 
 def _hold(node: NodeAlloc, h: Holder) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from forge.core.disruption import budget_left
 from forge.core.groups import (
     Group,
     GroupKey,
@@ -52,8 +53,9 @@ from forge.core.plan import (
 )
 from forge.core.preempting import Phase
 from forge.core.queue import Queue, SortKey
-from forge.core.release import Carry, release_all, release_changed
+from forge.core.release import DRAINING, Carry, release_all, release_changed
 from forge.core.rolling import GroupRollout, plan_rollouts
+from forge.core.rollout import BUDGET_WAIT
 from forge.core.waiting import backoff_delay, reschedule_delay
 
 __all__ = [
@@ -110,6 +112,7 @@ def reconcile(
     carry's pass; every other job must be the same object (None: compare all)."""
     p = _Pass(jobs, nodes, pending, failures, failed, now, options, carry, jobs_changed)
     p.release(bindings)
+    p.drain()
     if options.rollouts:
         p.roll(rollouts, since, promoted, health if options.health_checks else None)
     placing = p.place(capacity_changed or bool(p.plan.released))
@@ -173,6 +176,10 @@ class _Pass:
             self.plan = Plan(bindings=carry.bindings)
         self.bound: Bound | dict[GroupKey, int] = {}
         self._workload: list[tuple[Request, float]] | None = None
+        #: with budgets: replicas on draining nodes the release phase kept for the
+        #: drain step, and the groups whose budget held something back this pass
+        self.held: list[tuple[str, Binding]] | None = [] if options.disruption_budgets else None
+        self.limited: set[GroupKey] = set()
 
     def _index(self) -> dict[GroupKey, Group]:
         carry, jobs = self.carry, self.jobs
@@ -211,6 +218,7 @@ class _Pass:
                 self.node_ok,
                 self._release,
                 rolling,
+                self.held,
             )
         else:
             checked = release_changed(
@@ -223,9 +231,47 @@ class _Pass:
                 self.node_ok,
                 self._release,
                 rolling,
+                self.held,
             )
             self.bound = Bound(carry.by_group)
         self.release_work = RELEASE_UNITS * checked
+
+    def disruption_left(self, key: GroupKey) -> int | None:
+        """What the group's disruption budget lets go now (forge.core.disruption)."""
+        bound = self.bound
+        return budget_left(self.groups, key, lambda k: bound.get(k, 0))
+
+    def _unbind(self, wid: str, b: Binding) -> None:
+        """Take a kept binding off its node and out of the plan (and the bound count)."""
+        self.cluster.by_id[b.node].unhold(b)
+        if self.carry is not None:
+            self.carry.drop(wid, b)  # (the group's bound count with it)
+        else:
+            del self.plan.bindings[wid]
+            assert isinstance(self.bound, dict)
+            self.bound[(b.job, b.group)] -= 1
+
+    def drain(self) -> None:
+        """1a. Release the replicas held on draining nodes (budgeted groups'), each
+        while its group's disruption budget lets; the rest wait on their node."""
+        held = self.held
+        if not held:
+            if self.carry is not None:
+                self.carry.draining = {}
+            return
+        waiting: dict[str, None] = {}
+        for wid, b in sorted(held, key=lambda x: x[0]):  # one order, carried or not
+            key = (b.job, b.group)
+            left = self.disruption_left(key)
+            if left is not None and left <= 0:
+                waiting[wid] = None
+                self.limited.add(key)
+                continue
+            self._unbind(wid, b)
+            self._release(wid, b, DRAINING)
+        self.plan.drain_held = list(waiting)
+        if self.carry is not None:
+            self.carry.draining = waiting
 
     def roll(
         self,
@@ -258,17 +304,16 @@ class _Pass:
             health=health,
             now=self.now,
             only=only,
+            budget=self.disruption_left if self.options.disruption_budgets else None,
         )
         for wid in plan.rollouts.stop:
             b = plan.bindings[wid]
-            self.cluster.by_id[b.node].unhold(b)
-            if carry is not None:
-                carry.drop(wid, b)  # (the group's bound count with it)
-            else:
-                del plan.bindings[wid]
-                assert isinstance(self.bound, dict)
-                self.bound[(b.job, b.group)] -= 1
+            self._unbind(wid, b)
             self._release(wid, b, "rollout")
+        for name, s in plan.rollouts.steps.items():
+            if s.waiting == BUDGET_WAIT:
+                job_id, group = name.split("/", 1)
+                self.limited.add((job_id, group))
 
     def _placer(self) -> Placer:
         options = self.options
@@ -347,6 +392,7 @@ class _Pass:
             bound=lambda key: bound.get(key, 0),
             release=self._evicted,
             bind=bind,
+            ledger=self.disruption_left if options.disruption_budgets else None,
         )
         phase.floor = carry.floor if carry is not None else self._floor()
         spent = self.placer.work + placing.visited
@@ -362,6 +408,8 @@ class _Pass:
     def _evicted(self, wid: str, b: Binding, reason: str) -> None:
         self.plan.released.append((wid, reason))
         self.plan.dropped.append(b)
+        if self.options.disruption_budgets and isinstance(self.bound, dict):
+            self.bound[(b.job, b.group)] -= 1  # (a carry's count follows its drop)
 
     def _floor(self) -> int:
         """The lowest job priority among the bindings the pass kept (its placements
@@ -395,6 +443,12 @@ class _Pass:
                 wake = p.not_before if wake is None else min(wake, p.not_before)
         if plan.rollouts is not None and plan.rollouts.wake is not None:
             wake = plan.rollouts.wake if wake is None else min(wake, plan.rollouts.wake)
+        limited = self.limited
+        if limited and any((b.job, b.group) in limited for b in plan.placed):
+            # a group whose budget held a drain or a wave back got a replica bound
+            # again: the next pass may let the next one go
+            wake = now
+            plan.again = True
         plan.next_wake = wake
         plan.released.sort()
         plan.work = self.placer.work + placing.visited + self.release_work
@@ -406,6 +460,7 @@ class _Pass:
         plan, groups, jobs, queue, carry = self.plan, self.groups, self.jobs, self.queue, self.carry
         if carry is None:
             carry = Carry.build(jobs, self.nodes, self.cluster, plan.bindings)
+            carry.draining = dict.fromkeys(plan.drain_held)
             queue.incomplete = incomplete(groups, carry.by_group, groups)
         else:
             for b in plan.placed:

@@ -17,6 +17,7 @@ from forge.core.placement import Binding, Cluster, NodeAlloc
 from forge.core.queue import Queue
 
 __all__ = [
+    "DRAINING",
     "Carry",
     "Release",
     "release_all",
@@ -62,6 +63,9 @@ class Carry:
     #: may preempt only below it has no victim anywhere, found without a search.
     #: It may be lower than the true minimum (releases do not raise it), never higher.
     floor: int = 101
+    #: replicas the last pass held on draining nodes (their groups' disruption
+    #: budgets were spent): the next pass checks them again
+    draining: dict[str, None] = field(default_factory=dict)
 
     @classmethod
     def start(
@@ -142,6 +146,23 @@ class Carry:
 
 
 Release = Callable[[str, Binding, str], None]
+#: A binding's reason to go when its node drains.
+DRAINING = "node draining"
+#: Bindings on draining nodes held back for the drain step (a list the pass gives;
+#: None: every binding on a draining node is released at once, as before budgets).
+Held = list[tuple[str, Binding]] | None
+
+
+def _holds(reason: str | None, wid: str, b: Binding, entry: Group | None, failed: set[str]) -> bool:
+    """A replica of a group with a disruption budget, fine but on a draining node:
+    kept for now, and released by the drain step as the budget lets."""
+    return (
+        reason == DRAINING
+        and entry is not None
+        and entry.spec.disruption is not None
+        and b.status is not AssignmentStatus.FAILED
+        and wid not in failed
+    )
 
 
 def _reason(
@@ -152,6 +173,7 @@ def _reason(
     failed: set[str],
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     rolling: bool = False,
+    budgets: bool = False,
 ) -> str | None:
     """Why a binding must go (before its capacity is counted), or None to keep it.
     ``rolling``: a changed spec is the rollout's business (forge.core.rolling)."""
@@ -162,9 +184,14 @@ def _reason(
     if alloc is None:
         return "node removed"
     state = alloc.node.state
+    is_failed = b.status is AssignmentStatus.FAILED or wid in failed
     if state is not NodeState.READY:
-        return "node lost" if state is NodeState.LOST else "node draining"
-    if b.status is AssignmentStatus.FAILED or wid in failed:
+        if state is NodeState.LOST:
+            return "node lost"
+        # with budgets a failed replica on a draining node is a failure (its
+        # reschedule policy counts it), never a drain the budget could hold back
+        return "failed" if budgets and is_failed else DRAINING
+    if is_failed:
         return "failed"
     req = entry.request
     if not rolling and (
@@ -195,9 +222,11 @@ def release_all(
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: Release,
     rolling: bool = False,
+    held: Held = None,
 ) -> dict[tuple[str, str], int]:
     """Check every binding, in order, holding the kept ones (a pass without a carry)
-    and adding them to ``kept`` (the plan's bindings).
+    and adding them to ``kept`` (the plan's bindings); those of budgeted groups on
+    draining nodes are kept and listed in ``held`` (when given).
 
     The hot loop of a large cluster's first pass: the common case (a healthy binding
     on a ready node, no GPUs) touches a handful of attributes."""
@@ -224,7 +253,10 @@ def release_all(
         ):
             reason = None  # the common case, decided without a call
         else:
-            reason = _reason(wid, b, entry, alloc, failed, node_ok, rolling)
+            reason = _reason(wid, b, entry, alloc, failed, node_ok, rolling, held is not None)
+            if held is not None and _holds(reason, wid, b, entry, failed):
+                held.append((wid, b))
+                reason = None
         if reason is None:
             assert alloc is not None
             if alloc.hold(b):
@@ -232,6 +264,8 @@ def release_all(
                 bound_per_group[key] = bound_per_group.get(key, 0) + 1
                 continue
             reason = "node capacity changed"
+            if held and held[-1][0] == wid:
+                held.pop()
         release(wid, b, reason)
     return bound_per_group
 
@@ -246,13 +280,28 @@ def release_changed(
     node_ok: dict[tuple[str, tuple[str, str]], bool],
     release: Release,
     rolling: bool = False,
+    held: Held = None,
 ) -> int:
     """Re-check only what may have changed since the carry's pass: the bindings on
     nodes whose object changed (re-held from empty, in binding order, as a full pass
-    would), and those of changed groups (``changed_jobs``: Carry.changed_jobs) and
-    of failed replicas. Returns how many bindings were checked."""
+    would), and those of changed groups (``changed_jobs``: Carry.changed_jobs), of
+    failed replicas and those the last pass held back on draining nodes. Those of
+    budgeted groups on draining nodes are kept and listed in ``held`` (when given).
+    Returns how many bindings were checked."""
     checked = len(carry.stale)
     for wid, b, why in carry.stale:  # found invalid when loaded
+        entry = groups.get((b.job, b.group))
+        if held is not None and why == DRAINING:
+            alloc = carry.cluster.by_id.get(b.node)
+            why = _reason(wid, b, entry, alloc, failed, {}, rolling, True) or DRAINING
+        if held is not None and _holds(why, wid, b, entry, failed):
+            alloc = carry.cluster.by_id.get(b.node)
+            if alloc is not None and alloc.hold(b):
+                assert entry is not None
+                carry.add(wid, b)
+                carry.floor = min(carry.floor, entry.job.priority)
+                held.append((wid, b))
+                continue
         release(wid, b, why)
     carry.stale = []
     old_nodes, old_jobs = carry.nodes, carry.jobs
@@ -268,10 +317,14 @@ def release_changed(
         for wid in list(carry.by_node.get(node_id, ())):
             b = carry.bindings[wid]
             checked += 1
-            reason = _reason(wid, b, groups.get((b.job, b.group)), alloc, failed, node_ok, rolling)
-            if reason is None:
+            entry = groups.get((b.job, b.group))
+            reason = _reason(wid, b, entry, alloc, failed, node_ok, rolling, held is not None)
+            holds = held is not None and _holds(reason, wid, b, entry, failed)
+            if reason is None or holds:
                 assert alloc is not None
                 if alloc.hold(b):
+                    if holds and held is not None:
+                        held.append((wid, b))
                     continue
                 reason = "node capacity changed"
             carry.drop(wid, b)
@@ -283,19 +336,24 @@ def release_changed(
                 candidates.update(carry.by_group.get((job_id, g.name), {}))
     for wid in sorted(failed):
         candidates[wid] = None
+    candidates.update(carry.draining)
+    carry.draining = {}
     for wid in candidates:
-        held = carry.bindings.get(wid)
-        if held is None or held.node in on_changed:
+        kept = carry.bindings.get(wid)
+        if kept is None or kept.node in on_changed:
             continue  # gone already, or decided with its node above
         checked += 1
-        alloc = cluster.by_id[held.node]
-        entry = groups.get((held.job, held.group))
-        reason = _reason(wid, held, entry, alloc, failed, node_ok, rolling)
+        alloc = cluster.by_id[kept.node]
+        entry = groups.get((kept.job, kept.group))
+        reason = _reason(wid, kept, entry, alloc, failed, node_ok, rolling, held is not None)
         if reason is None:
             continue  # still held, unchanged
-        alloc.unhold(held)
-        carry.drop(wid, held)
-        release(wid, held, reason)
+        if held is not None and _holds(reason, wid, kept, entry, failed):
+            held.append((wid, kept))
+            continue  # still held, for the drain step
+        alloc.unhold(kept)
+        carry.drop(wid, kept)
+        release(wid, kept, reason)
     return checked
 
 

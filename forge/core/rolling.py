@@ -25,7 +25,7 @@ reached it, as before), and an unknown old one otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from forge.core.groups import Group, Groups
@@ -111,6 +111,7 @@ def plan_rollouts(
     health: Mapping[str, bool] | None = None,
     now: float,
     only: Collection[tuple[str, str]] | None = None,
+    budget: Callable[[tuple[str, str]], int | None] | None = None,
 ) -> RolloutPlan:
     """Each group's step. ``failed``: bindings this pass released as failed (a new
     replica that failed fails its rollout); ``promoted``: groups (``job/group``)
@@ -122,7 +123,10 @@ def plan_rollouts(
     changed, or their bindings were loaded or left unstamped), looked at with the
     groups rolling now; None looks at every group. A pass with a carry passes it, so
     its cost follows what changed, not the number of groups: a group outside both
-    has every replica on its version and no rollout, and would be skipped anyway."""
+    has every replica on its version and no rollout, and would be skipped anyway.
+
+    ``budget``: what a group's disruption budget lets go now (None: no budget), so
+    a wave never takes the group further below desired than its budget allows."""
     out = RolloutPlan()
     wakes: list[float] = []
     keys: Collection[tuple[str, str]] = groups
@@ -134,7 +138,8 @@ def plan_rollouts(
         replicas = _replicas(key, entry, bindings, failed, health, since, now, out)
         current = _current(rollouts.get(name), entry.spec, replicas, name in promoted)
         if current is not None:
-            _roll(name, entry, current, replicas, now, out, wakes)
+            left = budget(key) if budget is not None else None
+            _roll(name, entry, current, replicas, now, out, wakes, left)
     if len(out.stamped) >= MAX_STAMPS:
         wakes.append(now)  # more to stamp: the next pass at once
     out.wake = min(wakes) if wakes else None
@@ -202,6 +207,7 @@ def _roll(
     now: float,
     out: RolloutPlan,
     wakes: list[float],
+    budget: int | None = None,
 ) -> None:
     """One group's step of its rollout, written into ``out``."""
     job, g, _ = entry
@@ -216,6 +222,7 @@ def _roll(
         rollout=current.rollout,
         policy=policy,
         now=now,
+        budget=budget,
     )
     out.steps[name] = s
     if s.phase is Phase.DONE:

@@ -31,6 +31,9 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
+#: Why a wave waits when its group's disruption budget is spent (status shows it).
+BUDGET_WAIT = "disruption budget: no more replicas may go below desired now"
+
 Seconds = Annotated[float, Strict(), Field(ge=0, le=7 * 24 * 3600)]
 
 
@@ -126,11 +129,14 @@ def step(
     rollout: Rollout,
     policy: UpdatePolicy,
     now: float,
+    budget: int | None = None,
 ) -> Step:
     """Decide the replacements for this pass.
 
     ``replicas`` are the group's bound replicas (any version); ordinals at or beyond
     ``desired`` are the scaler's business, not the rollout's, and are ignored here.
+    ``budget``: replicas the group's disruption budget lets go now (None: no
+    budget); a wave stops at most that many.
     """
     live = sorted((r for r in replicas if r.ordinal < desired), key=lambda r: r.ordinal)
     new = [r for r in live if r.version == rollout.version]
@@ -179,6 +185,10 @@ def step(
     room = policy.max_parallel
     if canary_hold:
         room = min(room, policy.canary - len(new))
+    if budget is not None and budget < room:
+        room = budget
+        if room <= 0:
+            return _wait(base, BUDGET_WAIT, wakes)
     # Nothing is in flight here and every new replica is settled, so the healthy
     # count is ``desired`` minus the unhealthy old replicas; taking those first and
     # at most ``max_parallel`` in all keeps it at or above ``desired - max_parallel``

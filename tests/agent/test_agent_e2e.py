@@ -6,7 +6,9 @@ the cost); the tests run in file order and each sets the state it needs first (t
 web job's replica count), so each still says one thing on its own: 30 replicas
 answer on their ports; ``forge status`` shows each node's usage and ports; a task
 killed with SIGKILL is restarted by the reschedule policy; a drained node's
-processes stop and run elsewhere; scaling down ends the processes; a CPU-burning
+processes stop and run elsewhere; scaling down ends the processes; a priority-90 job
+on a cluster full of priority-20 processes runs by preemption, its victims stopped
+after their grace and pending, nothing over capacity at any poll; a CPU-burning
 autoscaled group grows within two autoscale periods; rolling updates (a checked group
 rolls with 5 of 6 answering and a crashing version is reverted; a canary of one waits
 for ``forge job promote``; a ``kill -9`` of the worker mid-rollout resumes its wave
@@ -21,6 +23,7 @@ the agents' running reports, their answers with urllib.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -255,6 +258,74 @@ async def _web_running(cl: Cluster, n: int, timeout: float = 60.0) -> dict[str, 
         what=f"each of {n} web replicas answering on its port",
     )
     return ports
+
+
+STUBBORN = (  # ignores SIGTERM: the agent must wait out its stop_grace, then SIGKILL
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+)
+
+
+def _cpu_by_node(cpu: dict[str, int]) -> dict[str, int]:
+    """node -> the cpu requested by the live task processes of the jobs in ``cpu``."""
+    out: dict[str, int] = {}
+    for env in task_environs({"FORGE_CLUSTER": CLUSTER}).values():
+        job = env["FORGE_WORKLOAD_ID"].split("/")[0]
+        if job in cpu:
+            out[env["FORGE_NODE"]] = out.get(env["FORGE_NODE"], 0) + cpu[job]
+    return out
+
+
+async def test_a_priority_90_job_on_a_full_cluster_preempts_and_never_runs_over_capacity(
+    show_logs_on_failure,
+) -> None:
+    """First in the module: the three agents are empty (2 cores each)."""
+    cl: Cluster = show_logs_on_failure
+    try:
+        await _preempt_on_a_full_cluster(cl)
+    finally:
+        for job in ("urgent", "filler"):  # the next tests start from an empty cluster
+            with contextlib.suppress(Exception):  # (not submitted: nothing to stop)
+                await cl.fc.stop_job(job)
+        await eventually(
+            _now(lambda: cl.processes("filler") or cl.processes("urgent")),
+            lambda left: not left,
+            timeout=30,
+            what="filler and urgent stopped",
+        )
+
+
+async def _preempt_on_a_full_cluster(cl: Cluster) -> None:
+    res = {"cpu": 1000, "memory": 64}
+    filler = _job("filler", STUBBORN, 6, resources=res, stop_grace=2.0)
+    await cl.fc.submit_job(filler.model_copy(update={"priority": 20}))
+    await eventually(
+        _now(lambda: cl.running("filler")),
+        lambda rows: len(rows) == 6,
+        timeout=60,
+        what="six priority-20 replicas filling the three agents",
+    )
+    urgent = _job("urgent", STUBBORN, 1, resources={"cpu": 2000, "memory": 64})
+    await cl.fc.submit_job(urgent.model_copy(update={"priority": 90}))
+    cpu = {"filler": 1000, "urgent": 2000}
+    deadline = time.monotonic() + 60
+    while not cl.processes("urgent"):
+        used = _cpu_by_node(cpu)
+        assert all(v <= AGENT_CPU for v in used.values()), f"over capacity: {used}"
+        assert time.monotonic() < deadline, "the priority-90 replica never ran"
+        await asyncio.sleep(0.1)  # poll interval, not synchronisation
+    for _ in range(20):  # and for a while after it started
+        used = _cpu_by_node(cpu)
+        assert all(v <= AGENT_CPU for v in used.values()), f"over capacity: {used}"
+        await asyncio.sleep(0.1)
+    [where] = [a.node for a in cl.bindings("urgent")]
+    bound = {a.workload_id for a in cl.bindings("filler")}
+    victims = sorted({f"filler/main/{i}" for i in range(6)} - bound)
+    assert len(victims) == 2 and all(a.node != where for a in cl.bindings("filler"))
+    for wid in victims:
+        why = await cl.fc.explain(wid)
+        assert why.state == "pending"
+        assert any(r.startswith("preempted by urgent/main/0 ") for r in why.reasons), why.reasons
+    assert not set(cl.processes("filler")) & set(victims)  # stopped after their grace
 
 
 async def test_thirty_replicas_each_answer_on_their_own_port(show_logs_on_failure) -> None:

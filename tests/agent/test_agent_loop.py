@@ -116,6 +116,43 @@ def test_a_released_binding_gets_sigterm_then_sigkill_after_its_grace(store, tmp
     assert [s for s, _ in _reports(store, wid)] == ["running"]  # a release is not a failure
 
 
+def test_a_replica_bound_in_a_stopping_ones_place_starts_only_once_it_has_stopped(
+    store, tmp_path
+) -> None:
+    """A preemption's delta: the victim released and the preemptor bound at once. The
+    victim keeps its stop_grace; the preemptor, which fits only in the victim's room,
+    starts after the victim's process is gone: never both over the node's capacity."""
+    agent = _agent(store, tmp_path)  # a node of 4 cores
+    binder = Binder(store)
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    low = binder.bind(command_job("low", [PY, "-c", stubborn], cpu=3000, stop_grace=1.0), 0, "n1")
+    small = binder.bind(command_job("small", SLEEP, cpu=500), 0, "n1")
+    agent.step()
+    victim = _pids(agent, low)[0]
+    log = tmp_path / "logs" / "low" / "main" / "0" / "t.log"
+    until(lambda: log.exists() and "ready" in log.read_text())
+    high = command_job("high", SLEEP, cpu=3000)
+    store.put_job("default", high)
+    binder.apply(release=[low])
+    binder.bind(high, 0, "n1")  # (the next delta: a poll between them sees the same)
+    agent.step()
+    assert _exists(victim) and high.id + "/main/0" not in agent.supervisor.replicas
+
+    def step_checked() -> None:
+        agent.step()
+        running = high.id + "/main/0" in agent.supervisor.replicas
+        assert not (running and _exists(victim)), "the preemptor ran beside its victim"
+
+    until(lambda: "high/main/0" in agent.supervisor.replicas, timeout=10, step=step_checked)
+    assert not _exists(victim)
+    assert small in agent.supervisor.replicas  # what stays bound is never held back
+    assert [s for s, _ in _reports(store, "high/main/0")] == ["running"]
+    agent.shutdown(stop_tasks=True)
+
+
 def test_a_restarted_agent_adopts_its_processes_and_kills_what_it_no_longer_owns(
     store, tmp_path
 ) -> None:

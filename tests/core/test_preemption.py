@@ -5,10 +5,12 @@ pass is checked by tests/test_reconcile.py's invariants (check_preemptions)."""
 from __future__ import annotations
 
 import itertools
+from unittest.mock import patch
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from forge.core import preemption
 from forge.core.models import DisruptionBudget, Job, Node
 from forge.core.placement import Binding, Cluster, NodeAlloc
 from forge.core.preemption import Holder, Search, find
@@ -132,6 +134,40 @@ def test_the_search_never_breaks_a_disruption_budget() -> None:
         assert (choice is not None) == fits
         if choice is not None:
             assert len(choice.victims) == 2
+
+
+@st.composite
+def same_shape_nodes(draw: st.DrawFn) -> tuple[Cluster, dict[str, list[Holder]]]:
+    """Many full nodes whose replicas share a few priorities and sizes: the ties the
+    search's shortcut (a node that cannot beat the best so far) must not misjudge."""
+    nodes = [node(f"n{i}", cpu=4000, memory=4096) for i in range(draw(st.integers(2, 10)))]
+    cluster = Cluster(nodes)
+    holders: dict[str, list[Holder]] = {}
+    for k, a in enumerate(cluster.nodes):
+        held = holders.setdefault(a.id, [])
+        for j in range(draw(st.integers(1, 8))):
+            b = Binding(f"j{k}x{j}", "g", 0, a.id, (), draw(st.sampled_from([500, 1000])), 256)
+            if a.hold(b):
+                held.append(Holder(b.workload_id, b, draw(st.sampled_from([10, 20, 30]))))
+    return cluster, holders
+
+
+@settings(max_examples=300)
+@given(same_shape_nodes(), st.sampled_from([1000, 1500, 2000, 3000]), st.integers(0, 9))
+def test_the_shortcut_for_nodes_that_cannot_win_changes_no_choice(
+    world: tuple[Cluster, dict[str, list[Holder]]], cpu: int, start: int
+) -> None:
+    """find with and without the shortcut: the same node, victims, work and next start."""
+    cluster, holders = world
+    req = group(cpu=cpu, memory=256).request()
+    search = Search(limit=40, cooling=lambda w: False, budget=lambda g: None)
+    got = find(req, cluster.nodes, lambda n: holders[n], search, start=start, candidates=4)
+    with patch.object(preemption, "_cannot_beat", lambda *a: False):
+        want = find(req, cluster.nodes, lambda n: holders[n], search, start=start, candidates=4)
+    assert (got[0] is None) == (want[0] is None)
+    if got[0] is not None and want[0] is not None:
+        assert (got[0].node.id, got[0].victims) == (want[0].node.id, want[0].victims)
+    assert got[1:] == want[1:]
 
 
 # -- the phase, through the loop ---------------------------------------------------------

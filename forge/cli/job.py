@@ -194,7 +194,7 @@ def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str
         "Submit JOB with its groups' tasks as they were at VERSION (a number as "
         "`forge job history` lists it, 3 or v3, or a version digest), read from the "
         "store: a new version that rolls out like any change (scaling and policies stay "
-        "as they are). Refused (exit 2) when no group has that version."
+        "as they are). Refused (exit 1, not found) when no group has that version."
     ),
 )
 @click.argument("job_id", metavar="JOB", type=NAME)

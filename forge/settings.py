@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, InstanceOf, ValidationError
 from pydantic.fields import FieldInfo
@@ -32,7 +32,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, ClientConnectConfig
 
 from forge.errors import InvalidInput
-from forge.wire.encryption import CodecKeys
+
+if TYPE_CHECKING:  # loaded when keys are read: it brings the SDK's converter
+    from forge.wire.encryption import CodecKeys
 
 __all__ = ["ENV_VARS", "TEMPORAL_ENV_VARS", "Settings", "SettingsError", "load_temporal_profile"]
 
@@ -147,7 +149,8 @@ class Settings(BaseSettings):
             raise SettingsError(_explain(err)) from None
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("FORGE_TEMPORAL_TLS_CERT and FORGE_TEMPORAL_TLS_KEY go together")
-        _parse_keys(self.codec_keys, "FORGE_CODEC_KEYS")  # a bad list fails at start-up
+        if self.codec_keys.strip():  # a bad list fails at start-up (none: nothing to load)
+            _parse_keys(self.codec_keys, "FORGE_CODEC_KEYS")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -303,6 +306,8 @@ def load_temporal_profile(env: Mapping[str, str] | None = None) -> ClientConfigP
 
 
 def _parse_keys(text: str, source: str) -> CodecKeys:
+    from forge.wire.encryption import CodecKeys
+
     try:
         return CodecKeys.parse(text)
     except ValueError as err:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from forge.cli.params import NAME_HELP, address_problem
 from forge.client.failures import Where, connect_failure, connect_problem, one_line, translate
-from forge.core.models import is_valid_name
+from forge.core.limits import is_valid_name
 from forge.errors import ForgeError, InvalidInput, Unavailable
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ async def connect_client(s: Settings, timeout: float) -> Any:
 
 
 def _where(s: Settings) -> Where:
-    from forge.wire.contract import workflow_id
+    from forge.wire.names import workflow_id
 
     return Where(s.address, s.namespace, s.cluster, s.task_queue, workflow_id(s.cluster))
 
@@ -140,31 +140,29 @@ def remote(
 def remote_reader(
     s: Settings,
     timeout: float,
-    action: Callable[[ServiceClient, Store], Awaitable[int]],
+    action: Callable[[ServiceClient], Awaitable[int]],
 ) -> int:
     """For a command that reads what the loop published to the store and asks
     Temporal only whether the workflow runs (``forge status``): ``action`` gets the
     bare gRPC service client (:mod:`forge.client.probe`), not the SDK's ``Client``,
-    whose import costs more than the rest of such a command. Errors as ``remote``."""
+    whose import costs more than the rest of such a command, and opens the store
+    itself (:func:`open_existing_store`, or cheaper). Errors as ``remote``."""
     return asyncio.run(_run_reader(s, timeout, action))
 
 
 async def _run_reader(
     s: Settings,
     timeout: float,
-    action: Callable[[ServiceClient, Store], Awaitable[int]],
+    action: Callable[[ServiceClient], Awaitable[int]],
 ) -> int:
     from forge.client import probe
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
     service = await _connect(s, timeout, lambda: probe.connect(s))
-    store = open_existing_store(s.store_url)
     try:
-        return await action(service, store)
+        return await action(service)
     except Exception as err:
         raise _one_kind(err, s) from None
-    finally:
-        store.close()
 
 
 def _one_kind(err: Exception, s: Settings) -> Exception:

@@ -652,6 +652,9 @@ async def _drive(
     code, out, _ = await forge(capsys, "explain", "trainer/main/0", *target)
     assert code == 0
     assert f"trainer/main/0: bound to n2 (gpus: {trainer['gpu_ids'][0]})" in out
+    code, out, err = await forge(capsys, "explain", "trainer/main/9", *target)
+    assert (code, out) == (1, "")
+    assert "forge: trainer/main/9: not a desired replica of any job" in err
 
     # scale: accepted, and refused by the validator: a group or job that does not
     # exist is NotFound (exit 1, naming it), a malformed request would exit 2

@@ -20,6 +20,7 @@ from forge.cli.remote import (
     settings,
     web_ui_hint,
 )
+from forge.errors import NotFound
 
 if TYPE_CHECKING:
     from temporalio.service import ServiceClient
@@ -154,10 +155,14 @@ async def _stuck(s: Settings, timeout: float) -> str:
 def explain(workload_id: str, connect_timeout: float, **flags: str | None) -> int:
     """Why a replica is where it is, or not placed (reads the store).
 
-    WORKLOAD_ID is job/group/ordinal, e.g. web/api/0."""
+    WORKLOAD_ID is job/group/ordinal, e.g. web/api/0; one that is not a desired
+    replica of any job exits 1."""
 
     async def action(fc: ForgeClient) -> int:
-        print(render.explain_text(await fc.explain(workload_id)))
+        explained = await fc.explain(workload_id)
+        if explained.state == "unknown":  # no job, group or ordinal by that name
+            raise NotFound(f"{workload_id}: {'; '.join(explained.reasons)}")
+        print(render.explain_text(explained))
         return 0
 
     return remote(settings(**flags), connect_timeout, action, reads_store=True)

@@ -21,6 +21,7 @@ from forge.cli.remote import (
     store_call,
 )
 from forge.core.models import Assignment, AssignmentStatus, Job
+from forge.errors import NotFound
 from forge.loaders import load_jobs
 
 if TYPE_CHECKING:
@@ -353,8 +354,7 @@ def status_(job_id: str, store: str | None, cluster: str | None, as_json: bool) 
     finally:
         opened.close()
     if current is None:
-        print(f"forge: no job {job_id!r} in cluster {s.cluster}", file=sys.stderr)
-        return 2
+        raise NotFound(f"no job {job_id!r} in cluster {s.cluster}")
     rollouts = {r.group: r for r in doc.rollouts} if doc is not None else {}
     groups = [
         _group_status(current, g.name, versions, bound, rollouts.get(f"{job_id}/{g.name}"))

@@ -94,7 +94,7 @@ def refused(err: BaseException) -> ForgeError:
     cause = getattr(err, "cause", None)
     if isinstance(cause, ApplicationError):
         return errors.decode(cause, default=InvalidInput)
-    return InvalidInput(str(cause or err))
+    return InvalidInput(getattr(cause, "message", None) or str(cause or err))
 
 
 def _rpc_failure(err: BaseException, where: Where) -> ForgeError:

@@ -181,10 +181,16 @@ def _read(conn: sqlite3.Connection, cluster: str, with_bindings: bool) -> Rows |
             a.cpu_used, a.mem_used = cpu, memory
     found: list[Binding] = []
     if one_by_one or with_bindings:
-        for w, node, g, st, cpu, memory, milli in conn.execute(
+        query = (
             "SELECT workload_id, node, gpu_ids, status, cpu, memory, gpu_milli"
-            " FROM assignments WHERE cluster = ? ORDER BY workload_id",
-            (cluster,),
+            " FROM assignments WHERE cluster = ?"
+        )
+        args: tuple[str, ...] = (cluster,)
+        if not with_bindings:  # only the nodes accounted one by one
+            query += " AND node IN (SELECT value FROM json_each(?))"
+            args += (json.dumps(sorted(one_by_one)),)
+        for w, node, g, st, cpu, memory, milli in conn.execute(
+            query + " ORDER BY workload_id", args
         ):
             if node in one_by_one or with_bindings:
                 gpu_ids = json.loads(g) if g != "[]" else []

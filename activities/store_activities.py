@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from forge.core.models import Job, TaskGroup
+from forge.errors import Conflict
 from forge.stores import ApplyResult, Fence, StaleFenceError, Store, StoreError
 from forge.stores.base import AssignmentRow
 from forge.wire import errors
@@ -272,16 +273,14 @@ class StoreActivities:
             activity.metric_meter().create_counter(
                 "forge_persist_refused", "persists refused by the fence"
             ).add(1)
-            raise ApplicationError(str(err), type=errors.STALE_FENCE, non_retryable=True) from err
+            raise errors.encode(err) from err
         except StoreError as err:
             if self.store.fence(req.cluster) == Fence(req.generation, req.pass_no):
                 # Another run applied this very fence with a different delta: a reset
                 # run replays its predecessor's generation. As stale as an older
                 # fence, so the workflow reloads and moves to a newer generation.
-                raise ApplicationError(
-                    str(err), type=errors.STALE_FENCE, non_retryable=True
-                ) from err
-            raise ApplicationError(str(err), type=errors.STORE_ERROR, non_retryable=True) from err
+                raise errors.encode(err, Conflict) from err
+            raise errors.encode(err) from err
         activity.metric_meter().create_histogram_float(
             "forge_persist_seconds", "time to apply one pass's delta to the store", "s"
         ).record(time.perf_counter() - started)

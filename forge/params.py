@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import pydantic
-
-from forge.core.models import MAX_MEMORY, MAX_REPLICAS, Node, is_valid_name
+from forge.core.limits import MAX_MEMORY, MAX_REPLICAS, is_valid_name
 from forge.errors import InvalidInput
+
+if TYPE_CHECKING:  # the models load with node_from_flags: the flags' checks need none
+    from forge.core.models import Node
 
 __all__ = [
     "NAME_HELP",
@@ -224,6 +226,10 @@ def node_from_flags(
         ],
         "labels": by_key,
     }
+    import pydantic
+
+    from forge.core.models import Node
+
     try:
         return Node.model_validate_json(json.dumps(data))
     except pydantic.ValidationError as err:

@@ -23,10 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from forge.core.models import Job
-from forge.core.placement.reasons import read_diagnosis
-
 if TYPE_CHECKING:
+    from forge.core.models import Job
     from forge.wire.contract import AssignmentView, Explanation, JobResult, StatusView
     from forge.wire.views import NodeUsage
 
@@ -129,6 +127,8 @@ def reason_key(reason: str) -> str:
     Reasons of another form (reschedule delays, deferrals) are kept whole. The
     text is read by the placement core's own reader, the inverse of its writer.
     """
+    from forge.core.placement.reasons import read_diagnosis  # (loads the core's models)
+
     d = read_diagnosis(reason)
     if d is None:
         return reason

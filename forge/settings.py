@@ -24,15 +24,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, InstanceOf, ValidationError
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError
 from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, ClientConnectConfig
 
 from forge.errors import InvalidInput
-from forge.wire.encryption import CodecKeys
+
+if TYPE_CHECKING:  # loaded when keys are read: it brings the SDK's converter
+    from forge.wire.encryption import CodecKeys
 
 __all__ = ["ENV_VARS", "TEMPORAL_ENV_VARS", "Settings", "SettingsError", "load_temporal_profile"]
 
@@ -68,9 +68,16 @@ def _var(name: str, default: Any, description: str, **kw: Any) -> Any:
     return Field(default, validation_alias=name, description=description, **kw)
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        frozen=True, validate_by_name=True, validate_by_alias=True, extra="forbid"
+class Settings(BaseModel):
+    # A plain model: the environment is read by from_env alone (pydantic-settings'
+    # sources were all switched off, and importing it cost forge status ~15%)
+    model_config = ConfigDict(
+        frozen=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        extra="forbid",
+        arbitrary_types_allowed=True,
+        validate_default=True,
     )
 
     # -- the Temporal connection (defaults: envconfig, then these) ------------------
@@ -127,19 +134,6 @@ class Settings(BaseSettings):
     temporal_tls: InstanceOf[ClientConfigTLS] | None = Field(default=None, repr=False)
     rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Only what is passed: from_env adds the environment explicitly, so a test's
-        # Settings(...) never picks up the developer's shell.
-        return (init_settings,)
-
     def __init__(self, **values: Any) -> None:
         try:
             super().__init__(**values)
@@ -147,14 +141,15 @@ class Settings(BaseSettings):
             raise SettingsError(_explain(err)) from None
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("FORGE_TEMPORAL_TLS_CERT and FORGE_TEMPORAL_TLS_KEY go together")
-        _parse_keys(self.codec_keys, "FORGE_CODEC_KEYS")  # a bad list fails at start-up
+        if self.codec_keys.strip():  # a bad list fails at start-up (none: nothing to load)
+            _parse_keys(self.codec_keys, "FORGE_CODEC_KEYS")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Settings from ``env`` (default: the process environment): ``FORGE_*`` over
         the Temporal environment configuration over the defaults."""
         e = dict(os.environ if env is None else env)
-        forge = _Environment(cls, e)()
+        forge = _forge_variables(e)
         profile = load_temporal_profile(e)
         temporal: dict[str, Any] = {"rpc_metadata": dict(profile.grpc_meta)}
         if profile.address and "FORGE_TEMPORAL_ADDRESS" not in forge:
@@ -268,25 +263,15 @@ ENV_VARS: tuple[str, ...] = tuple(
 )
 
 
-class _Environment(PydanticBaseSettingsSource):
-    """The ``FORGE_*`` variables of any mapping (``EnvSettingsSource`` only reads
-    ``os.environ``); keys are the variable names, which are the fields' aliases."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self._env = env
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        name = str(field.validation_alias or "")
-        return self._env.get(name) or None, name, False
-
-    def __call__(self) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for field_name, field in self.settings_cls.model_fields.items():
-            value, name, _ = self.get_field_value(field, field_name)
-            if name and value is not None:
-                values[name] = value
-        return values
+def _forge_variables(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``FORGE_*`` variables of ``env`` that are set (an empty one counts as
+    unset), by variable name: the fields' aliases."""
+    values: dict[str, Any] = {}
+    for name in ENV_VARS:
+        value = env.get(name)
+        if value:
+            values[name] = value
+    return values
 
 
 def load_temporal_profile(env: Mapping[str, str] | None = None) -> ClientConfigProfile:
@@ -303,6 +288,8 @@ def load_temporal_profile(env: Mapping[str, str] | None = None) -> ClientConfigP
 
 
 def _parse_keys(text: str, source: str) -> CodecKeys:
+    from forge.wire.encryption import CodecKeys
+
     try:
         return CodecKeys.parse(text)
     except ValueError as err:

@@ -53,6 +53,7 @@ from forge.core.models import (
     Node,
     _json_bound,
 )
+from forge.errors import InvalidInput, NotFound
 from forge.loaders import MAX_INPUT_BYTES, InputError, load_nodes, parse_jobs
 from forge.stores import Store
 from forge.wire import contract as c
@@ -779,6 +780,15 @@ async def test_updates_naming_unknown_things_are_refused_with_nothing_in_history
     with pytest.raises(WorkflowUpdateFailedError) as raised:
         await fc.handle().execute_update(update, payload)
     assert message in failure_text(raised.value)
+    # what a plain client matches on: a name that does not exist is NotFound, any
+    # other refusal InvalidInput; both non-retryable
+    cause = raised.value.cause
+    if message.startswith(("unknown", "has no group")):
+        assert isinstance(cause, ApplicationError) and cause.type == "NotFound"
+        assert cause.non_retryable
+    elif message.startswith("not bound"):
+        assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput"
+        assert cause.non_retryable
     await assert_untouched(fc, store, before)
 
 
@@ -787,16 +797,18 @@ async def test_the_client_refuses_unknown_things_as_bad_input(
 ) -> None:
     fc, store = live
     before = await snapshot(fc, store)
-    calls: list[Callable[[], Any]] = [
-        lambda: fc.drain_node("ghost"),
-        lambda: fc.report_failed(["web/main/7"]),
-        lambda: fc.scale("nope", "main", 1),
-        lambda: fc.stop_job("nope"),
+    calls: list[tuple[Callable[[], Any], type[ForgeError]]] = [
+        (lambda: fc.drain_node("ghost"), NotFound),
+        (lambda: fc.report_failed(["web/main/7"]), InvalidInput),
+        (lambda: fc.scale("nope", "main", 1), NotFound),
+        (lambda: fc.scale("web", "nope", 1), NotFound),
+        (lambda: fc.stop_job("nope"), NotFound),
     ]
-    for call in calls:
+    for call, kind in calls:
         with pytest.raises(ForgeError) as raised:
             await call()
-        assert raised.value.bad_input
+        assert type(raised.value) is kind and raised.value.bad_input
+        assert isinstance(raised.value.__cause__, WorkflowUpdateFailedError)
     await assert_untouched(fc, store, before)
 
 

@@ -721,15 +721,21 @@ async def _drive(
     code, out, _ = await forge(capsys, "explain", "trainer/main/0", *target)
     assert code == 0
     assert f"trainer/main/0: bound to n2 (gpus: {trainer['gpu_ids'][0]})" in out
+    code, out, err = await forge(capsys, "explain", "trainer/main/9", *target)
+    assert (code, out) == (1, "")
+    assert "forge: trainer/main/9: not a desired replica of any job" in err
 
-    # scale: accepted, and refused by the validator (exit 2)
+    # scale: accepted, and refused by the validator: a group or job that does not
+    # exist is NotFound (exit 1, naming it), a malformed request would exit 2
     code, out, err = await forge(capsys, "job", "scale", "web", "api", "5", *target)
     assert code == 0, err
     assert "web: 5 desired, 5 bound, 0 pending" in out
     code, out, err = await forge(capsys, "job", "scale", "web", "nope", "1", *target)
-    assert code == 2 and "no group 'nope'" in err and out == ""
+    assert code == 1 and "no group 'nope'" in err and out == ""
     code, _, err = await forge(capsys, "job", "stop", "nosuch", *target)
-    assert code == 2 and "unknown job 'nosuch'" in err
+    assert code == 1 and "unknown job 'nosuch'" in err
+    code, _, err = await forge(capsys, "node", "drain", "ghost", *target)
+    assert code == 1 and "unknown node 'ghost'" in err
 
     # drain: the update returns after the pass that moved the replicas
     on_n1 = sum(1 for a in (await status_json())["assignments"] if a["node"] == "n1")

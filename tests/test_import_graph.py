@@ -110,7 +110,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "logs": frozenset(),
     "serialize": frozenset(),
     "__main__": frozenset({"cli"}),
-    "wire": frozenset({"core", "serialize", "stores.base"}),
+    "wire": frozenset({"core", "errors", "serialize", "stores.base"}),
     "settings": frozenset({"errors", "wire"}),
     "stores": frozenset({"core", "errors", "serialize"}),
     "loaders": frozenset({"core", "errors"}),

@@ -1,4 +1,4 @@
-"""Settings: ``FORGE_*`` through pydantic-settings, the Temporal connection through
+"""Settings: ``FORGE_*`` through a pydantic model, the Temporal connection through
 ``temporalio.envconfig``. Everything here turns an environment into connect
 arguments, so no server is needed."""
 

@@ -15,7 +15,16 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
-from workflows.inputs import Payload, busy, json_size, parse, parse_batch, refuse, update_arg
+from workflows.inputs import (
+    Payload,
+    busy,
+    json_size,
+    not_found,
+    parse,
+    parse_batch,
+    refuse,
+    update_arg,
+)
 from workflows.queue import JobQueue
 from workflows.state import LoopState
 
@@ -196,7 +205,7 @@ class Handlers:
         await self.queue.reserve(json_size(current) if current is not None else 0)
         job = self.queue.current(req.job_id, self.st.jobs)  # again: it may have changed
         if job is None or job.group(req.group) is None:
-            raise refuse(f"no group {req.job_id}/{req.group}")
+            raise not_found(f"no group {req.job_id}/{req.group}")
         ticket = self._queue_job(req.job_id, job.with_desired(req.group, req.count))
         return await self._settle(req.job_id, ticket, wait=True)
 
@@ -208,9 +217,9 @@ class Handlers:
             return  # checked again by the handler once the state is loaded
         job = self.queue.current(req.job_id, self.st.jobs)
         if job is None:
-            raise refuse(f"unknown job {req.job_id!r}")
+            raise not_found(f"unknown job {req.job_id!r}")
         if job.group(req.group) is None:
-            raise refuse(f"job {req.job_id!r} has no group {req.group!r}")
+            raise not_found(f"job {req.job_id!r} has no group {req.group!r}")
 
     @workflow.update(name=c.UPDATE_STOP_JOB)
     async def stop_job(self, raw: RawValue) -> c.JobResult:
@@ -218,7 +227,7 @@ class Handlers:
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         if self.queue.current(req.job_id, self.st.jobs) is None:
-            raise refuse(f"unknown job {req.job_id!r}")
+            raise not_found(f"unknown job {req.job_id!r}")
         ticket = self._queue_job(req.job_id, None)
         return await self._settle(req.job_id, ticket, wait=True)
 
@@ -227,7 +236,7 @@ class Handlers:
         req = update_arg(c.StopJob, raw)
         self._refuse_if_busy()
         if self.ready and self.queue.current(req.job_id, self.st.jobs) is None:
-            raise refuse(f"unknown job {req.job_id!r}")
+            raise not_found(f"unknown job {req.job_id!r}")
 
     @workflow.update(name=c.UPDATE_DRAIN_NODE)
     async def drain_node(self, raw: RawValue) -> int:
@@ -247,7 +256,7 @@ class Handlers:
             return
         node = self.st.nodes.get(req.node_id)
         if node is None:
-            raise refuse(f"unknown node {req.node_id!r}")
+            raise not_found(f"unknown node {req.node_id!r}")
         if node.state is NodeState.LOST:
             raise refuse(f"node {req.node_id!r} is lost; nothing to drain")
 
@@ -304,9 +313,9 @@ class Handlers:
         refuses, naming what, when there is none."""
         job = self.queue.current(req.job_id, self.st.jobs)
         if job is None:
-            raise refuse(f"unknown job {req.job_id!r}")
+            raise not_found(f"unknown job {req.job_id!r}")
         if req.group is not None and job.group(req.group) is None:
-            raise refuse(f"job {req.job_id!r} has no group {req.group!r}")
+            raise not_found(f"job {req.job_id!r} has no group {req.group!r}")
         names: list[str] = []
         for g in job.groups:
             if req.group is not None and g.name != req.group:

@@ -24,9 +24,19 @@ with workflow.unsafe.imports_passed_through():
 
     from forge.core.limits import is_valid_name
     from forge.core.models import Job
+    from forge.errors import Busy, InvalidInput, NotFound
     from forge.wire import errors
 
-__all__ = ["Batch", "busy", "json_size", "parse", "parse_batch", "refuse", "update_arg"]
+__all__ = [
+    "Batch",
+    "busy",
+    "json_size",
+    "not_found",
+    "parse",
+    "parse_batch",
+    "refuse",
+    "update_arg",
+]
 
 Payload = TypeVar("Payload", bound=pydantic.BaseModel)
 
@@ -141,15 +151,20 @@ def update_arg(model: type[Payload], raw: Any) -> Payload:
 
 
 def refuse(message: str) -> ApplicationError:
-    return ApplicationError(message[:1000], type=errors.INVALID_INPUT, non_retryable=True)
+    """An update refused for its input (``InvalidInput``, non-retryable)."""
+    return errors.encode(InvalidInput(message))
+
+
+def not_found(message: str) -> ApplicationError:
+    """An update refused because the job, group or node it names does not exist
+    (``NotFound``, non-retryable); ``message`` names it."""
+    return errors.encode(NotFound(message))
 
 
 def busy() -> ApplicationError:
     """The refusal of an update while the run is due to continue as new: the client
     matches its type and retries, reaching the next run."""
-    return ApplicationError(
-        "the cluster workflow is continuing as new; retry shortly", type=errors.BUSY
-    )
+    return errors.encode(Busy("the cluster workflow is continuing as new; retry shortly"))
 
 
 def json_size(job: Job) -> int:

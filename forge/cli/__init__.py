@@ -9,9 +9,9 @@ Why it looks the way it does:
 - **Exit codes 0 / 1 / 2, decided here and only here.** A usage error (Click) and
   every :class:`~forge.errors.InvalidInput` (an invalid job file, an update the
   workflow's validator refused, an unusable ``FORGE_*`` setting) exit 2; any other
-  :class:`~forge.errors.ForgeError` (no server, an RPC error, a store down) exits
-  1. Both print one message to stderr, never a traceback: a traceback says "bug in
-  Forge", and these are not bugs.
+  :class:`~forge.errors.ForgeError` (no server, an RPC error, a store down, a
+  :class:`~forge.errors.NotFound` job or node) exits 1. Both print one message to
+  stderr, never a traceback: a traceback says "bug in Forge", and these are not bugs.
 - **Flags win over the environment.** ``--address``, ``--namespace``,
   ``--cluster`` and ``--task-queue`` override ``FORGE_TEMPORAL_ADDRESS``,
   ``FORGE_NAMESPACE``, ``FORGE_CLUSTER`` and ``FORGE_TASK_QUEUE``, which only

@@ -5,7 +5,7 @@ by querying the workflow (see DESIGN.md on queries)."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
 
@@ -13,22 +13,22 @@ from forge import render
 from forge.cli.params import store_option, temporal_options
 from forge.cli.remote import (
     connect_client,
+    open_existing_store,
     print_json,
     remote,
     remote_reader,
     settings,
     web_ui_hint,
 )
-from forge.errors import InvalidInput
+from forge.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from temporalio.service import ServiceClient
 
     from forge.client.client import ForgeClient
-    from forge.core.models import Assignment
+    from forge.client.status_rows import Rows
     from forge.settings import Settings
-    from forge.stores import Store
-    from forge.wire.contract import StatusView
+    from forge.wire.contract import AssignmentView, StatusView
     from forge.wire.views import NodeUsage
 
 __all__ = ["COMMANDS", "cluster", "explain", "status"]
@@ -140,23 +140,24 @@ async def _running(fc: ForgeClient) -> bool:
 def status(as_json: bool, assignments: bool, connect_timeout: float, **flags: str | None) -> int:
     s = settings(**flags)
 
-    async def action(service: ServiceClient, store: Store) -> int:
-        from forge.client import probe, reads
-        from forge.wire.contract import workflow_id
+    async def action(service: ServiceClient) -> int:
+        from forge.client import probe
+        from forge.wire.names import workflow_id
 
         # describe() (is it running, is its workflow task failing?) while the store
         # is read: every binding once, for the nodes, the usage and the listing
         described = asyncio.ensure_future(probe.probe(service, s.namespace, workflow_id(s.cluster)))
         try:
-            view, usage, found = await asyncio.to_thread(_read, store, s.cluster)
+            listed = as_json or assignments
+            read, usage, found = await asyncio.to_thread(_read, s.store_url, s.cluster, listed)
         finally:
             if not described.done():
                 await asyncio.wait([described])
         seen = described.result()  # raises if there is no such workflow
         notices = [await _stuck(s, connect_timeout)] if seen.maybe_stuck else []
-        view = view.model_copy(update={"notices": [n for n in notices if n] + view.notices})
+        view = _with_notices(read, [n for n in notices if n])
         if as_json:
-            print_json(render.status_json(view, reads.assignment_views(found), usage))
+            print_json(render.status_json(view, found, usage))
             return 0
         print(render.status_text(s.cluster, view, usage))
         if assignments:
@@ -168,12 +169,38 @@ def status(as_json: bool, assignments: bool, connect_timeout: float, **flags: st
     return remote_reader(s, connect_timeout, action)
 
 
-def _read(store: Store, cluster: str) -> tuple[StatusView, dict[str, NodeUsage], list[Assignment]]:
+def _read(
+    url: str, cluster: str, listed: bool
+) -> tuple[StatusView | Rows, dict[str, NodeUsage], list[AssignmentView]]:
+    """The status, per-node usage and every binding (``listed``: needed): from an
+    SQLite store's rows without building models when it can
+    (:mod:`forge.client.status_rows`, the same output at a fraction of the imports),
+    else through the store."""
+    from forge.client import status_rows
+
+    rows = status_rows.read(url, cluster, bindings=listed)
+    if rows is not None:  # the bindings have the attributes of AssignmentView
+        return rows, {}, cast("list[AssignmentView]", rows.assignments)
     from forge.client import reads
 
-    found = reads.all_assignments(store, cluster)
-    view = reads.status(store, cluster, found)
-    return view, reads.node_usage(store, cluster, found), found
+    store = open_existing_store(url)
+    try:
+        found = reads.all_assignments(store, cluster)
+        view = reads.status(store, cluster, found)
+        return view, reads.node_usage(store, cluster, found), reads.assignment_views(found)
+    finally:
+        store.close()
+
+
+def _with_notices(view: StatusView | Rows, notices: list[str]) -> StatusView:
+    """``view`` with ``notices`` first; a :class:`~forge.client.status_rows.Rows`
+    has the attributes the renderers read, so it renders as a ``StatusView``."""
+    from forge.client.status_rows import Rows
+
+    if isinstance(view, Rows):
+        view.notices = [*notices, *view.notices]
+        return cast("StatusView", view)
+    return view.model_copy(update={"notices": [*notices, *view.notices]})
 
 
 async def _stuck(s: Settings, timeout: float) -> str:
@@ -194,10 +221,14 @@ async def _stuck(s: Settings, timeout: float) -> str:
 def explain(workload_id: str, connect_timeout: float, **flags: str | None) -> int:
     """Why a replica is where it is, or not placed (reads the store).
 
-    WORKLOAD_ID is job/group/ordinal, e.g. web/api/0."""
+    WORKLOAD_ID is job/group/ordinal, e.g. web/api/0; one that is not a desired
+    replica of any job exits 1."""
 
     async def action(fc: ForgeClient) -> int:
-        print(render.explain_text(await fc.explain(workload_id)))
+        explained = await fc.explain(workload_id)
+        if explained.state == "unknown":  # no job, group or ordinal by that name
+            raise NotFound(f"{workload_id}: {'; '.join(explained.reasons)}")
+        print(render.explain_text(explained))
         return 0
 
     return remote(settings(**flags), connect_timeout, action, reads_store=True)

@@ -21,6 +21,7 @@ from forge.cli.remote import (
     store_call,
 )
 from forge.core.models import Assignment, AssignmentStatus, Job
+from forge.errors import NotFound
 from forge.loaders import load_jobs
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ def promote(job_id: str, group: str | None, connect_timeout: float, **flags: str
         "Submit JOB with its groups' tasks as they were at VERSION (a number as "
         "`forge job history` lists it, 3 or v3, or a version digest), read from the "
         "store: a new version that rolls out like any change (scaling and policies stay "
-        "as they are). Refused (exit 2) when no group has that version."
+        "as they are). Refused (exit 1, not found) when no group has that version."
     ),
 )
 @click.argument("job_id", metavar="JOB", type=NAME)
@@ -353,8 +354,7 @@ def status_(job_id: str, store: str | None, cluster: str | None, as_json: bool) 
     finally:
         opened.close()
     if current is None:
-        print(f"forge: no job {job_id!r} in cluster {s.cluster}", file=sys.stderr)
-        return 2
+        raise NotFound(f"no job {job_id!r} in cluster {s.cluster}")
     rollouts = {r.group: r for r in doc.rollouts} if doc is not None else {}
     groups = [
         _group_status(current, g.name, versions, bound, rollouts.get(f"{job_id}/{g.name}"))

@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from forge.cli.params import NAME_HELP, address_problem
-from forge.core.models import is_valid_name
+from forge.client.failures import Where, connect_failure, connect_problem, one_line, translate
+from forge.core.limits import is_valid_name
 from forge.errors import ForgeError, InvalidInput, Unavailable
 
 if TYPE_CHECKING:
-    from temporalio.service import RPCError, ServiceClient
+    from temporalio.service import ServiceClient
 
     from forge.client.client import ForgeClient
     from forge.settings import Settings
@@ -75,11 +76,6 @@ def print_json(obj: object) -> None:
     print(json.dumps(obj, indent=indent))
 
 
-def one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def web_ui_hint(s: Settings) -> str:
     """Where to see the workflow; a dev server's UI is the gRPC port + 1000."""
     from forge.wire.contract import workflow_id
@@ -95,15 +91,6 @@ def web_ui_hint(s: Settings) -> str:
 
 
 # ------------------------------------------------------------------------ Temporal
-
-
-def connect_problem(err: BaseException) -> str:
-    """The useful part of the SDK's connect error (a Rust debug dump)."""
-    text = str(err)
-    messages = re.findall(r'message: "([^"]+)"', text)
-    if messages:
-        return str(messages[-1]).lower()
-    return one_line(text.removeprefix("Failed client connect: "))
 
 
 async def _connect(
@@ -122,9 +109,7 @@ async def _connect(
     except SettingsError:
         raise  # an unreadable TLS file: bad input (exit 2), not a connection failure
     except (RuntimeError, OSError, ValueError) as err:
-        raise Unavailable(
-            f"cannot connect to Temporal at {s.address}: {connect_problem(err)}"
-        ) from None
+        raise connect_failure(err, s.address) from None
     return client
 
 
@@ -134,26 +119,10 @@ async def connect_client(s: Settings, timeout: float) -> Any:
     return await _connect(s, timeout)
 
 
-def _rpc_failure(err: RPCError, s: Settings) -> ForgeError:
-    from temporalio.service import RPCStatusCode
+def _where(s: Settings) -> Where:
+    from forge.wire.names import workflow_id
 
-    from forge.wire.contract import workflow_id
-
-    msg = one_line(err.message or str(err))
-    wid = workflow_id(s.cluster)
-    if err.status == RPCStatusCode.NOT_FOUND and "workflow" in msg.lower():
-        return Unavailable(
-            f"cluster {s.cluster!r} is not running (no workflow {wid} in namespace "
-            f"{s.namespace!r}); start it with `forge cluster start` or `forge job run`"
-        )
-    if err.status == RPCStatusCode.DEADLINE_EXCEEDED or "timeout expired" in msg.lower():
-        return Unavailable(
-            f"the cluster workflow {wid} did not answer in time: is a worker (`forge worker`) "
-            f"polling task queue {s.task_queue!r} at {s.address}?"
-        )
-    if err.status == RPCStatusCode.UNAVAILABLE:
-        return Unavailable(f"Temporal at {s.address} is unavailable: {msg}")
-    return ForgeError(f"Temporal at {s.address}: {err.status.name.lower()}: {msg}")
+    return Where(s.address, s.namespace, s.cluster, s.task_queue, workflow_id(s.cluster))
 
 
 def remote(
@@ -171,36 +140,38 @@ def remote(
 def remote_reader(
     s: Settings,
     timeout: float,
-    action: Callable[[ServiceClient, Store], Awaitable[int]],
+    action: Callable[[ServiceClient], Awaitable[int]],
 ) -> int:
     """For a command that reads what the loop published to the store and asks
     Temporal only whether the workflow runs (``forge status``): ``action`` gets the
     bare gRPC service client (:mod:`forge.client.probe`), not the SDK's ``Client``,
-    whose import costs more than the rest of such a command. Errors as ``remote``."""
+    whose import costs more than the rest of such a command, and opens the store
+    itself (:func:`open_existing_store`, or cheaper). Errors as ``remote``."""
     return asyncio.run(_run_reader(s, timeout, action))
 
 
 async def _run_reader(
     s: Settings,
     timeout: float,
-    action: Callable[[ServiceClient, Store], Awaitable[int]],
+    action: Callable[[ServiceClient], Awaitable[int]],
 ) -> int:
-    from temporalio.service import RPCError
-
     from forge.client import probe
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
     service = await _connect(s, timeout, lambda: probe.connect(s))
-    store = open_existing_store(s.store_url)
     try:
-        return await action(service, store)
-    except ForgeError as err:
+        return await action(service)
+    except Exception as err:
+        raise _one_kind(err, s) from None
+
+
+def _one_kind(err: Exception, s: Settings) -> Exception:
+    """``err`` as a :mod:`forge.errors` kind in one line (Temporal's errors through
+    :func:`forge.client.failures.translate`); anything else (a bug) as it is."""
+    if isinstance(err, ForgeError):  # the cluster refused: keep the kind, one line
         err.args = (one_line(str(err)),)
-        raise err from None
-    except RPCError as err:
-        raise _rpc_failure(err, s) from None
-    finally:
-        store.close()
+        return err
+    return translate(err, _where(s)) or err
 
 
 async def _run_remote(
@@ -209,16 +180,7 @@ async def _run_remote(
     action: Callable[[ForgeClient], Awaitable[int]],
     reads_store: bool,
 ) -> int:
-    from temporalio.client import (
-        WorkflowQueryFailedError,
-        WorkflowQueryRejectedError,
-        WorkflowUpdateRPCTimeoutOrCancelledError,
-    )
-    from temporalio.service import RPCError
-
     from forge.client.client import ForgeClient
-    from forge.settings import SettingsError
-    from forge.wire.encryption import CodecKeyError, TamperedPayload
 
     asyncio.get_running_loop().set_exception_handler(_quiet_sdk_orphans)
     client: Any = await _connect(s, timeout)
@@ -226,20 +188,8 @@ async def _run_remote(
     fc = ForgeClient(client, cluster=s.cluster, task_queue=s.task_queue, store=store)
     try:
         return await action(fc)
-    except ForgeError as err:  # the cluster refused: keep the kind, make it one line
-        err.args = (one_line(str(err)),)
-        raise err from None
-    except RPCError as err:
-        raise _rpc_failure(err, s) from None
-    except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as err:
-        raise ForgeError(f"query refused by {fc.workflow_id}: {one_line(str(err))}") from None
-    except (CodecKeyError, TamperedPayload) as err:  # FORGE_CODEC_* do not match the worker's
-        raise SettingsError(f"cannot read the answer of {fc.workflow_id}: {err}") from None
-    except WorkflowUpdateRPCTimeoutOrCancelledError:
-        raise Unavailable(
-            f"no answer from {fc.workflow_id} in time: is a worker polling task queue "
-            f"{s.task_queue!r}?"
-        ) from None
+    except Exception as err:  # ForgeClient raises Forge's kinds; the action may not
+        raise _one_kind(err, s) from None
     finally:
         if store is not None:
             store.close()

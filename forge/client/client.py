@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -29,7 +30,8 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge.client import reads, watchdog
+from forge.client import failures, reads, watchdog
+from forge.client.failures import refused
 from forge.client.limits import (
     BUSY_DELAYS,
     MAX_REQUEST_BYTES,
@@ -38,14 +40,13 @@ from forge.client.limits import (
     ForgeError,
     busy,
     busy_refusal,
-    refused,
 )
 from forge.client.limits import batches as _batches
 from forge.client.limits import check_size as _check_size
 from forge.client.search_attributes import SEARCH_ATTRIBUTES, ensure_search_attributes
 from forge.core.models import Job, Node, TaskGroup
 from forge.core.versions import with_tasks_of
-from forge.errors import InvalidInput
+from forge.errors import InvalidInput, NotFound
 from forge.settings import Settings
 from forge.stores.base import Store
 from forge.wire import contract as c
@@ -61,10 +62,36 @@ __all__ = [
 
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
 _RESULTS = list[c.JobResult]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _forge_errors(
+    method: Callable[Concatenate[ForgeClient, _P], Coroutine[Any, Any, _T]],
+) -> Callable[Concatenate[ForgeClient, _P], Coroutine[Any, Any, _T]]:
+    """The error boundary of a public method: what Temporal raises leaves as a
+    :mod:`forge.errors` kind (:mod:`forge.client.failures`), caused by the original."""
+
+    @functools.wraps(method)
+    async def wrapper(self: ForgeClient, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await method(self, *args, **kwargs)
+        except Exception as err:
+            kind = failures.translate(err, self._where())
+            if kind is None:
+                raise
+            raise kind from err
+
+    return wrapper
 
 
 class ForgeClient:
-    """Verbs on one cluster. Build it with :meth:`connect` or from a ``Client``."""
+    """Verbs on one cluster. Build it with :meth:`connect` or from a ``Client``.
+
+    Every method raises only :mod:`forge.errors` kinds (the SDK's error is the
+    ``__cause__``): ``InvalidInput`` for a request the workflow refused,
+    ``NotFound`` for a job, group or node that does not exist, ``Unavailable`` when
+    Temporal, the worker or the cluster workflow is not there."""
 
     def __init__(
         self,
@@ -90,9 +117,27 @@ class ForgeClient:
 
     @classmethod
     async def connect(cls, settings: Settings | None = None, **kw: Any) -> ForgeClient:
+        """Connect with ``settings`` (default: the ``FORGE_*`` environment).
+        :class:`~forge.errors.Unavailable` naming the address if Temporal does not
+        answer; an unreadable TLS or key file is :class:`~forge.errors.InvalidInput`."""
         s = settings or Settings.from_env()
-        client = await s.connect()
+        try:
+            client = await s.connect()
+        except (RuntimeError, OSError) as err:
+            raise failures.connect_failure(err, s.address) from err
         return cls(client, cluster=s.cluster, task_queue=s.task_queue, **kw)
+
+    def _where(self) -> failures.Where:
+        """What an error message names (read off the SDK's client when it has them)."""
+        service = getattr(self.client, "service_client", None)
+        config = getattr(service, "config", None)
+        return failures.Where(
+            address=str(getattr(config, "target_host", "?")),
+            namespace=str(getattr(self.client, "namespace", "?")),
+            cluster=self.cluster,
+            task_queue=self.task_queue,
+            workflow_id=self.workflow_id,
+        )
 
     @property
     def workflow_id(self) -> str:
@@ -122,6 +167,7 @@ class ForgeClient:
     def _input(self) -> c.ClusterInput:
         return c.ClusterInput(cluster=self.cluster, options=self.options)
 
+    @_forge_errors
     async def start(self) -> str:
         """Start the cluster workflow if it is not running; returns its run id."""
         for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
@@ -140,6 +186,7 @@ class ForgeClient:
         raise AssertionError("unreachable")
 
     # -- nodes --------------------------------------------------------------------------
+    @_forge_errors
     async def register_nodes(self, nodes: Sequence[Node]) -> int:
         """Signal nodes in batches (one history event per batch, not per node)."""
         batches = _batches(nodes, c.MAX_NODES_PER_SIGNAL)
@@ -152,18 +199,22 @@ class ForgeClient:
             await handle.signal(c.SIGNAL_REGISTER_NODE, sig)
         return len(nodes)
 
+    @_forge_errors
     async def remove_node(self, node_id: str) -> None:
         await self._signal(c.SIGNAL_REMOVE_NODE, c.NodeRef(node_id=node_id))
 
+    @_forge_errors
     async def node_lost(self, node_id: str) -> None:
         await self._signal(c.SIGNAL_NODE_LOST, c.NodeRef(node_id=node_id))
 
+    @_forge_errors
     async def drain_node(self, node_id: str) -> int:
         """Returns how many replicas were moved off the node."""
         result: int = await self._update(c.UPDATE_DRAIN_NODE, c.DrainNode(node_id=node_id), int)
         return result
 
     # -- jobs ---------------------------------------------------------------------------
+    @_forge_errors
     async def submit_job(self, job: Job, *, wait: bool = True) -> c.JobResult:
         """Store the job and plan it; starts the cluster workflow if needed."""
         req = c.SubmitJob(job=job, wait=wait)
@@ -229,6 +280,7 @@ class ForgeClient:
                 raise
         raise AssertionError("unreachable")
 
+    @_forge_errors
     async def submit_jobs(
         self,
         jobs: Sequence[Job],
@@ -288,17 +340,20 @@ class ForgeClient:
             await send(final, wait=True)
         return [r for part in results if part is not None for r in part]
 
+    @_forge_errors
     async def scale(self, job_id: str, group: str, count: int) -> c.JobResult:
         req = c.ScaleGroup(job_id=job_id, group=group, count=count)
         result: c.JobResult = await self._update(c.UPDATE_SCALE, req, c.JobResult)
         return result
 
+    @_forge_errors
     async def stop_job(self, job_id: str) -> c.JobResult:
         result: c.JobResult = await self._update(
             c.UPDATE_STOP_JOB, c.StopJob(job_id=job_id), c.JobResult
         )
         return result
 
+    @_forge_errors
     async def promote(self, job_id: str, group: str | None = None) -> list[str]:
         """Release the canary hold of the job's rollouts (one group's, with ``group``);
         returns the groups promoted (``job/group``). Refused, naming it, when no
@@ -308,6 +363,7 @@ class ForgeClient:
         )
         return res.promoted
 
+    @_forge_errors
     async def revert(self, job_id: str, version: str, group: str | None = None) -> c.JobResult:
         """Submit the job with its groups' tasks as they were at ``version`` (a number
         as ``forge job history`` shows it, ``3`` or ``v3``, or a version digest), as
@@ -317,9 +373,9 @@ class ForgeClient:
         versions = await asyncio.to_thread(store.group_versions, self.cluster, job_id)
         job = await asyncio.to_thread(store.get_job, self.cluster, job_id)
         if job is None:
-            raise InvalidInput(f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         if group is not None and job.group(group) is None:
-            raise InvalidInput(f"job {job_id!r} has no group {group!r}")
+            raise NotFound(f"job {job_id!r} has no group {group!r}")
         number = version.removeprefix("v")
         chosen: dict[str, TaskGroup] = {}
         for v in versions:
@@ -330,11 +386,12 @@ class ForgeClient:
         chosen = {g: spec for g, spec in chosen.items() if job.group(g) is not None}
         if not chosen:
             where = f"{job_id}/{group}" if group is not None else f"job {job_id!r}"
-            raise InvalidInput(f"{where} has no version {version!r} (see forge job history)")
+            raise NotFound(f"{where} has no version {version!r} (see forge job history)")
         for g, spec in sorted(chosen.items()):
             job = with_tasks_of(job, g, spec)
         return await self.submit_job(job)
 
+    @_forge_errors
     async def report_failed(
         self, workload_ids: Sequence[str], *, on: Mapping[str, str] | None = None
     ) -> int:
@@ -353,17 +410,20 @@ class ForgeClient:
         return total
 
     # -- reads: what the loop published, never a query (see forge.client.reads) ---------
+    @_forge_errors
     async def summary(self) -> c.Summary:
         """The loop's summary, from the workflow's memo (describe(); no store needed)."""
         desc = await self.handle().describe()
         raw = await desc.memo_value(c.MEMO_SUMMARY, None)
         return c.Summary.model_validate(raw) if raw is not None else c.Summary.empty()
 
+    @_forge_errors
     async def published(self) -> c.LoopStatus | None:
         """The status the last pass published with its delta (None before the first)."""
         store = self._need_store("the published status")
         return await asyncio.to_thread(reads.published, store, self.cluster)
 
+    @_forge_errors
     async def status(self) -> c.StatusView:
         """Nodes, bindings and pending replicas as the last pass published them, and
         whether the run is stuck (describe(): a workflow task failing again and again)."""
@@ -375,12 +435,14 @@ class ForgeClient:
             view = await asyncio.to_thread(reads.status, self.store, self.cluster)
         return view.model_copy(update={"notices": [*notices, *view.notices]})
 
+    @_forge_errors
     async def node_usage(self) -> dict[str, NodeUsage]:
         """Per node, what its replicas use and their ports, as the agents last
         reported them (from the store; empty without agents)."""
         store = self._need_store("node usage")
         return await asyncio.to_thread(reads.node_usage, store, self.cluster)
 
+    @_forge_errors
     async def assignments(
         self, *, node: str | None = None, page: int = 5000
     ) -> list[c.AssignmentView]:
@@ -389,6 +451,7 @@ class ForgeClient:
         found = await asyncio.to_thread(reads.all_assignments, store, self.cluster, page)
         return reads.assignment_views([a for a in found if node is None or a.node == node])
 
+    @_forge_errors
     async def explain(self, workload_id: str) -> c.Explanation:
         """Why a replica is bound where it is, or why it waits, and every node's verdict."""
         store = self._need_store("explain")

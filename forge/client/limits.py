@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forge.core.models import MAX_BATCH_BYTES
-from forge.errors import ForgeError, InvalidInput, Unavailable
+from forge.errors import ForgeError, InvalidInput
 from forge.wire import errors
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "busy",
     "busy_refusal",
     "check_size",
-    "refused",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -87,14 +86,3 @@ def check_size(what: str, arg: object) -> None:
             f"{what}: the request is {size / 1024:,.0f} KiB as JSON; one request may carry "
             f"at most {MAX_REQUEST_BYTES // 1024:,} KiB (Temporal refuses payloads over 2 MiB)"
         )
-
-
-def refused(err: WorkflowUpdateFailedError) -> ForgeError:
-    cause = err.cause
-    message = getattr(cause, "message", None) or str(cause or err)
-    if isinstance(cause, ApplicationError) and isinstance(cause.cause, ApplicationError):
-        # the SDK could not decode the request ("Failed decoding arguments"): the
-        # inner failure says which field (a client and worker of different versions)
-        message = f"{message}: {cause.cause.message}"
-    # the workflow's validator refused it (the caller's fault), unless it is only busy
-    return Unavailable(message) if busy_refusal(err) else InvalidInput(message)

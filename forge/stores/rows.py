@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from forge.core.models import Assignment, Job, Node, TaskGroup
-from forge.errors import Conflict, ForgeError
+from forge.errors import STORE_ERROR, Conflict, ForgeError
 
 __all__ = [
     "ApplyResult",
@@ -33,9 +33,13 @@ __all__ = [
 class StoreError(ForgeError):
     """A store operation failed in a way a retry will not fix (bad data, conflict)."""
 
+    wire_type = STORE_ERROR
+
 
 class StaleFenceError(StoreError, Conflict):
     """A delta from an older pass arrived after a newer one was applied: refused."""
+
+    wire_type = Conflict.wire_type
 
 
 class Fence(NamedTuple):

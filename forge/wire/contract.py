@@ -19,6 +19,7 @@ from forge.core.models import MAX_REPLICAS, Job, Name, Node
 from forge.core.reconcile import FailureHistory, PendingEntry, ReconcileOptions
 from forge.core.rolling import GroupRollout
 from forge.serialize import omit_defaults
+from forge.wire.names import workflow_id
 from forge.wire.published import (
     RECENT_PREEMPTIONS,
     AssignmentsPage,
@@ -143,10 +144,6 @@ MEMO_SUMMARY = "forge"
 #: of the first failure; removed once a call succeeds): what the watchdog and
 #: ``forge status`` show as "stuck since ...: store error: ...".
 MEMO_STALLED = "forge-stalled"
-
-
-def workflow_id(cluster: str) -> str:
-    return f"forge-cluster-{cluster}"
 
 
 class _Msg(BaseModel):

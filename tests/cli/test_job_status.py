@@ -77,9 +77,9 @@ def test_status_counts_replicas_per_version_and_shows_why_the_rollout_waits(
     out = capsys.readouterr().out
     assert "healthy 1 / placed 2 / desired 0" in out
     assert "rollout: awaiting-promotion" in out and waiting in out
-    # an unknown job: exit 2, named
-    assert cli.main(["job", "status", "nope", "--store", f"sqlite:///{db}", "--cluster", "c1"]) == 2
-    assert "no job 'nope'" in capsys.readouterr().err
+    # an unknown job: NotFound, exit 1, named
+    assert cli.main(["job", "status", "nope", "--store", f"sqlite:///{db}", "--cluster", "c1"]) == 1
+    assert "forge: no job 'nope' in cluster c1" in capsys.readouterr().err
 
 
 def test_an_empty_rollout_list_is_left_out_of_the_published_json() -> None:

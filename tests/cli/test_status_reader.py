@@ -104,6 +104,56 @@ async def test_status_reads_the_store_without_the_sdk_client(server: str, tmp_pa
     assert "web/api/1" in out and out.count(" ready ") == 3
 
 
+_IMPORTS = """\
+import sys
+from forge import cli
+code = cli.main(sys.argv[1:])
+sys.stdout.flush()
+print()
+loaded = sorted(m for m in sys.modules if m.startswith(("forge", "temporalio.client")))
+print(code, " ".join(loaded))
+"""
+
+#: What ``forge status`` on an SQLite store must not load: the models, the contract,
+#: the store modules and the SDK's client (most of its time at 1,000 nodes).
+HEAVY = {
+    "forge.client.client",
+    "forge.client.reads",
+    "forge.core.models",
+    "forge.core.placement",
+    "forge.stores",
+    "forge.wire.contract",
+    "forge.wire.encryption",
+    "temporalio.client",
+}
+
+
+def _modules_of(*argv: str) -> tuple[int, set[str], str]:
+    """``forge ARGV`` in a fresh interpreter: (exit code, the forge modules and SDK
+    client modules it loaded, stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    code, *modules = done.stdout.rstrip("\n").rpartition("\n")[2].split()
+    return int(code), set(modules), done.stderr
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"], ["-a"]], ids=["text", "json", "listing"])
+async def test_status_on_sqlite_loads_no_model_no_store_module_and_no_sdk_client(
+    server: str, tmp_path: Path, flags: list[str]
+) -> None:
+    argv = ["status", *flags, "--address", server, "--cluster", "c1", "--store", _store(tmp_path)]
+    code, modules, err = _modules_of(*argv)
+    assert code == 0, err
+    assert HEAVY.isdisjoint(modules), sorted(HEAVY.intersection(modules))
+    assert "forge.client.status_rows" in modules  # (the guard guards the fast path)
+
+
 async def test_status_of_a_cluster_not_running_exits_1_in_one_line(
     server: str, tmp_path: Path
 ) -> None:

@@ -1,6 +1,7 @@
 """``forge store grant-agent NODE`` / ``revoke-agent NODE``: the agent's store URL
 alone on stdout (``FORGE_STORE=$(forge store grant-agent n1)``), PostgreSQL only
-(exit 2 naming it otherwise), and a revoke of a node without a role is NotFound."""
+(exit 2 naming it otherwise), and a revoke of a node without a role is NotFound
+(exit 1)."""
 
 from __future__ import annotations
 
@@ -81,11 +82,11 @@ def test_revoke_agent_drops_the_role_and_a_second_revoke_is_not_found(
     assert out.strip() == f"store role {role} of node n1 in cluster default dropped"
     assert role_row(store_url, role) is None
     code, out, err = run(capsys, "revoke-agent", "n1", "--store", store_url)
-    # NotFound is bad input in Forge: exit 2 (tests/test_errors.py), nothing on stdout
-    assert (code, out) == (2, "")
+    # NotFound exits 1, apart from malformed input's 2 (tests/test_errors.py)
+    assert (code, out) == (1, "")
     assert "node n1 of cluster default has no agent role to revoke" in err
     code, _, err = run(capsys, "revoke-agent", "n9", "--store", store_url, "--cluster", "other")
-    assert code == 2 and "node n9 of cluster other" in err
+    assert code == 1 and "node n9 of cluster other" in err
 
 
 @pytest.mark.parametrize("command", ["grant-agent", "revoke-agent"])

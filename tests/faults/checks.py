@@ -227,7 +227,9 @@ async def retrying(
             return await call()
         except Exception as err:
             refusal = server_refusal(err)
-            if not (refusal or isinstance(err, TRANSIENT)):
+            # ForgeClient raises Forge's kinds, caused by the SDK's errors
+            transient = isinstance(err, TRANSIENT) or isinstance(err.__cause__, TRANSIENT)
+            if not (refusal or transient):
                 raise
             if time.monotonic() >= deadline:
                 raise

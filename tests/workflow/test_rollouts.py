@@ -12,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from forge.client.client import ForgeClient, ForgeError
 from forge.core.models import HealthCheck, Job
+from forge.errors import NotFound
 from forge.stores import Store, TaskReport
 from tests.workflow.harness import cluster, default_options, job, node
 
@@ -109,7 +110,7 @@ async def test_a_canary_waits_for_promote_then_the_rest_rolls(
             await fc.promote("web")
         with pytest.raises(ForgeError, match="has no group 'nope'"):
             await fc.promote("web", "nope")
-        with pytest.raises(ForgeError, match="unknown job 'nope'"):
+        with pytest.raises(NotFound, match="unknown job 'nope'"):
             await fc.promote("nope")
         await fc.submit_job(new)
         await versions_once(store, fc, [v1, v1, v2])  # the canary: the highest ordinal
@@ -192,11 +193,11 @@ async def test_revert_submits_an_earlier_version_from_the_store(
         old, new = web("1"), web("2")
         await fc.submit_job(old)
         await fc.submit_job(new)
-        with pytest.raises(ForgeError, match="has no version '9'"):
+        with pytest.raises(NotFound, match="has no version '9'"):
             await fc.revert("web", "9")
-        with pytest.raises(ForgeError, match="no group 'x'"):
+        with pytest.raises(NotFound, match="no group 'x'"):
             await fc.revert("web", "v1", "x")
-        with pytest.raises(ForgeError, match="unknown job 'nope'"):
+        with pytest.raises(NotFound, match="unknown job 'nope'"):
             await fc.revert("nope", "1")
         await fc.revert("web", "v1")
         got = store.get_job(fc.cluster, "web")

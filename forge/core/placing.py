@@ -23,7 +23,7 @@ from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Choice, Diagnosis, Placer, diagnosis_text
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import Wanted
-from forge.core.queue import Queue, SortKey, sort_key
+from forge.core.queue import GroupOrder, Queue, SortKey, sort_key
 from forge.core.waiting import backoff_delay, waiting
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "binding",
     "defer_groups",
     "incomplete",
+    "ordered",
     "to_visit",
 ]
 
@@ -250,25 +251,75 @@ def to_visit(
     """The groups this pass may place into, in placement order (job sort key, then
     the group's place in its job): those left incomplete by the last pass, those of
     changed jobs and those that lost a binding now, less the ones fully bound. A
-    walk over every job in order would place into exactly these, in this order."""
+    walk over every job in order would place into exactly these, in this order.
+
+    The last pass's incomplete groups come already ordered (``queue.order``): only
+    the groups of changed jobs (whose order may have moved) and those that lost a
+    binding are placed among them, so a pass behind a big backlog does not sort the
+    whole backlog again."""
     if queue.incomplete is None:
         keys: set[GroupKey] = set(groups)
     else:
         keys = set(queue.incomplete)
         keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
         keys.update((b.job, b.group) for b in dropped)
-    out = []
-    for key in keys:
-        entry = groups.get(key)
-        if entry is None:
-            continue
-        job, g, _ = entry
-        if bound.get(key, 0) >= g.scaling.desired:
-            continue
-        names = [x.name for x in job.groups]
-        out.append((sort_key(job, version), names.index(g.name), key))
-    out.sort()
-    return [(order, key) for order, _, key in out]
+    carried = queue.order
+    entries: list[tuple[GroupOrder, GroupKey]]
+    if carried is None or queue.incomplete is None:
+        entries = [(o, key) for key in keys if (o := _order(groups, key, version)) is not None]
+    else:
+        moved = set(changed_jobs)
+        entries = [e for e in carried if e[1][0] not in moved] if moved else list(carried)
+        known = {key for _, key in entries}
+        entries.extend(
+            (o, key)
+            for key in sorted(keys - known)
+            if (o := _order(groups, key, version)) is not None
+        )
+    entries.sort()  # the carried part is in order already: a merge, not a sort
+    if isinstance(bound, Bound):  # the carry's index, read without a call per group
+        held = bound.by_group
+        kept = [
+            (order, key)
+            for order, key in entries
+            if (entry := groups.get(key)) is not None
+            and len(held.get(key) or ()) < entry.spec.scaling.desired
+        ]
+    else:
+        kept = [
+            (order, key)
+            for order, key in entries
+            if (entry := groups.get(key)) is not None
+            and bound.get(key, 0) < entry.spec.scaling.desired
+        ]
+    queue.visiting = kept  # for ordered(), at the end of the pass
+    return [(order[0], key) for order, key in kept]
+
+
+def _order(groups: Groups, key: GroupKey, version: int) -> GroupOrder | None:
+    entry = groups.get(key)
+    if entry is None:
+        return None
+    job = entry.job
+    names = [x.name for x in job.groups]
+    return (sort_key(job, version), names.index(entry.spec.name))
+
+
+def ordered(
+    queue: Queue, keep: set[GroupKey], groups: Groups, version: int
+) -> list[tuple[GroupOrder, GroupKey]]:
+    """``keep`` as the next pass's ``to_visit`` takes it: the groups this pass
+    visited (``queue.visiting``) in its order, then any others (sorted in then)."""
+    out = [e for e in queue.visiting if e[1] in keep]
+    queue.visiting = []
+    if len(out) < len(keep):
+        seen = {key for _, key in out}
+        out.extend(
+            (o, key)
+            for key in sorted(keep - seen)
+            if (o := _order(groups, key, version)) is not None
+        )
+    return out
 
 
 def incomplete(

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from forge.core.models import Job
 
-__all__ = ["Queue", "SortKey", "asks_gpu", "sort_key"]
+__all__ = ["GroupOrder", "Queue", "SortKey", "asks_gpu", "sort_key"]
 
 #: (-priority, not asks GPUs (version 2; False before), job id): placement order.
 SortKey = tuple[int, bool, str]
@@ -44,12 +44,22 @@ def sort_key(job: Job, version: int) -> SortKey:
     return (-job.priority, version >= 2 and not asks_gpu(job), job.id)
 
 
+#: A group's place in the placement order: its job's sort key, its index in the job.
+GroupOrder = tuple[SortKey, int]
+
+
 @dataclass(slots=True)
 class Queue:
     version: int
     asking: list[SortKey]
     desired: int
     incomplete: set[tuple[str, str]] | None = None
+    #: ``incomplete`` in placement order with each group's order, as the last pass
+    #: left it (None: not known, sort them): a pass that defers most of a big
+    #: submission sorts only what changed into it, not every waiting group again.
+    order: list[tuple[GroupOrder, tuple[str, str]]] | None = None
+    #: what this pass visits, in order (to_visit), for the next ``order``
+    visiting: list[tuple[GroupOrder, tuple[str, str]]] = field(default_factory=list)
 
     @classmethod
     def build(cls, jobs: Mapping[str, Job], version: int) -> Queue:

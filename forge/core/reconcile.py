@@ -42,7 +42,7 @@ from forge.core.groups import (
 )
 from forge.core.models import Job, Node, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, Placer
-from forge.core.placing import Bound, Placing, defer_groups, incomplete, to_visit
+from forge.core.placing import Bound, Placing, defer_groups, incomplete, ordered, to_visit
 from forge.core.plan import (
     DEFAULT_GPU_RESERVE,
     Algorithm,
@@ -462,6 +462,7 @@ class _Pass:
             carry = Carry.build(jobs, self.nodes, self.cluster, plan.bindings)
             carry.draining = dict.fromkeys(plan.drain_held)
             queue.incomplete = incomplete(groups, carry.by_group, groups)
+            queue.order, queue.visiting = None, []  # not in order: the next pass sorts them
         else:
             for b in plan.placed:
                 carry.add(b.workload_id, b)
@@ -477,6 +478,7 @@ class _Pass:
             keys = [k for _, k in self.visit]
             keys.extend(sorted(preempted))  # the victims' groups now miss a replica
             queue.incomplete = incomplete(keys, carry.by_group, groups)
+            queue.order = ordered(queue, queue.incomplete, groups, self.options.placement_version)
         carry.groups = groups
         carry.queue = queue
         if plan.rollouts is not None:

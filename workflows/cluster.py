@@ -34,6 +34,8 @@ from workflows.state import binding_row
 from workflows.watch import StoreWatch
 
 with workflow.unsafe.imports_passed_through():
+    from forge import clocks
+    from forge.core.budget import next_budget
     from forge.core.models import Node
     from forge.core.reconcile import (
         MAX_WORK,
@@ -69,6 +71,9 @@ class ClusterWorkflow(Presentation):
         super().__init__(inp)
         self.watch = StoreWatch()
         self.published = ""  # the last status published (without per-pass fields)
+        self.adaptive = False  # the adaptive-budget patch, decided by each pass
+        self.plan_started = 0.0  # perf_counter at the pass's planning (a measurement)
+        self.budget_used = MAX_WORK  # the budget the last plan was given
 
     # -- the loop -----------------------------------------------------------------------
     @workflow.run
@@ -203,17 +208,21 @@ class ClusterWorkflow(Presentation):
             update["preemption"] = False  # a history recorded before preemption
         if not workflow.patched(patches.DISRUPTION_BUDGETS):
             update["disruption_budgets"] = False  # recorded before drains and waves counted
-        if self.st.max_work:  # the watchdog's, after repeated deadlocks
-            update.update(max_work=self.st.max_work, pending_units=PENDING_UNITS)
-        elif not options.max_work:
-            update.update(max_work=MAX_WORK, pending_units=PENDING_UNITS)
+        work = self.st.max_work or (0 if options.max_work else MAX_WORK)
+        self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
+        if work and self.adaptive and self.st.pass_budget:
+            # as long as the recorded timings say (never above the watchdog's)
+            work = min(work, self.st.pass_budget)
+        if work:  # the watchdog's after repeated deadlocks, else the loop's
+            update.update(max_work=work, pending_units=PENDING_UNITS)
+        self.budget_used = work or options.max_work
         return options.model_copy(update=update)
 
     def _plan(self, now: float) -> tuple[Plan, float]:
         st = self.st
         st.take_health(now)
-        with workflow.unsafe.sandbox_unrestricted():  # a metric only, never a decision
-            started = time.perf_counter()
+        with workflow.unsafe.sandbox_unrestricted():  # a metric, and the persist's input
+            started = self.plan_started = clocks.plan_clock()
         plan = reconcile(
             jobs=st.jobs,
             nodes=st.nodes,
@@ -348,6 +357,10 @@ class ClusterWorkflow(Presentation):
             f"persist pass {persist.pass_no}: +{len(plan.placed)} "
             f"-{len(plan.released)} nodes {len(persist.nodes_upsert) + len(persist.nodes_remove)}"
         )
+        if self.adaptive:
+            with workflow.unsafe.sandbox_unrestricted():  # the activity hands it back
+                seconds = clocks.plan_clock() - self.plan_started
+            persist = persist.model_copy(update={"plan_seconds": round(seconds, 4)})
         try:
             result = await acts.persist(persist, summary=summary)
         except acts.LoopActivityFailed as err:  # what is not handled fails the task
@@ -363,6 +376,14 @@ class ClusterWorkflow(Presentation):
             raise DivergenceError(
                 f"pass {persist.pass_no}: store applied digest {result.digest}, this code "
                 f"planned {expected}; workflow code changed without workflow.patched?"
+            )
+        if self.adaptive and result.plan_seconds is not None:
+            # from history, never this worker's clock: a replay plans the same passes
+            self.st.pass_budget = next_budget(
+                self.budget_used,
+                result.plan_seconds,
+                deferred=plan.deferred > 0,
+                ceiling=self.st.max_work or MAX_WORK,
             )
         return True
 

@@ -1,19 +1,19 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Two are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``). The round before folded
-every earlier patch (work budgets, the published status, rolling updates and health
-checks, placement version 2, dropped-signal notices) into one baseline, since no user
-runs histories recorded before them, and re-recorded the replay corpus
-(tests/histories/). The rule from here on (README "Tests"): a behaviour change to code
-a pass runs gets an id here, named by the behaviour (``"gpu-spread-score"``, never
-``"v3"``), a ``workflow.patched(ID)`` branch, the corpus recorded before it kept beside
-the new one, and, once no running workflow can need the old branch,
-``workflow.deprecate_patch(ID)`` and then nothing.
+Three are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``ADAPTIVE_BUDGET``). The
+round before folded every earlier patch (work budgets, the published status, rolling
+updates and health checks, placement version 2, dropped-signal notices) into one
+baseline, since no user runs histories recorded before them, and re-recorded the
+replay corpus (tests/histories/). The rule from here on (README "Tests"): a behaviour
+change to code a pass runs gets an id here, named by the behaviour
+(``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)`` branch, the corpus
+recorded before it kept beside the new one, and, once no running workflow can need the
+old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
 """
 
 from __future__ import annotations
 
-__all__ = ["DISRUPTION_BUDGETS", "PREEMPTION"]
+__all__ = ["ADAPTIVE_BUDGET", "DISRUPTION_BUDGETS", "PREEMPTION"]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
@@ -24,3 +24,8 @@ PREEMPTION = "preemption"
 #: draining node's replicas at once, roll by max_parallel alone and count
 #: preemption's evictions on their own.
 DISRUPTION_BUDGETS = "disruption-budgets"
+
+#: A pass's work budget follows how long the recorded planning of the last passes
+#: took (forge.core.budget: the persist activity returns the worker's measurement,
+#: so history holds it); runs recorded before it plan with the fixed budget.
+ADAPTIVE_BUDGET = "adaptive-budget"

@@ -76,6 +76,9 @@ class LoopState:
     health_changed: dict[str, None] = field(default_factory=dict)
     # a pass's work budget set by the watchdog's loop_budget signal (0: the default)
     max_work: int = 0
+    # the budget the recorded timings of the last passes give the next (0: the
+    # default; forge.core.budget, under the adaptive-budget patch)
+    pass_budget: int = 0
     # the jobs whose object may have changed since the last pass (None: any may
     # have, compare them all), so a pass never walks every job to find out
     jobs_changed: dict[str, None] | None = None
@@ -114,6 +117,7 @@ class LoopState:
             max_work=cp.max_work,
             preemptions=cp.preemptions,
             recent_preemptions=list(cp.recent_preemptions),
+            pass_budget=cp.pass_budget,
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -141,6 +145,7 @@ class LoopState:
             max_work=self.max_work,
             preemptions=self.preemptions,
             recent_preemptions=self.recent_preemptions,
+            pass_budget=self.pass_budget,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:

@@ -133,6 +133,9 @@ class GroupVersion(_Wire):
 class ApplyResult(_Wire):
     applied: bool = Field(description="False when this fence was already applied (a retry)")
     digest: str
+    #: the persist activity's echo of ``PersistIn.plan_seconds`` (forge.core.budget):
+    #: what the pass's planning took, recorded in history; absent from stores' results
+    plan_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TaskReport(_Wire):

@@ -158,6 +158,9 @@ class PersistIn(_Msg):
     nodes_upsert: list[Node] = Field(default_factory=list)
     nodes_remove: list[str] = Field(default_factory=list)
     status: str | None = None  # forge.wire.contract.LoopStatus as JSON, stored as it is
+    #: how long the pass's planning activation ran (wall clock, measured by the
+    #: worker): returned in the result, so history holds it (forge.core.budget)
+    plan_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class WatchIn(_Msg):

@@ -211,8 +211,10 @@ class Checkpoint(_Msg):
     #: preemptions so far, and the most recent (RECENT_PREEMPTIONS)
     preemptions: int = 0
     recent_preemptions: list[PreemptionView] = Field(default_factory=list)
+    #: the pass budget the last run's timings led to (forge.core.budget; 0: default)
+    pass_budget: int = 0
 
-    _omit = omit_defaults("health", "max_work", "preemptions", "recent_preemptions")
+    _omit = omit_defaults("health", "max_work", "preemptions", "recent_preemptions", "pass_budget")
 
 
 class ClusterInput(_Msg):

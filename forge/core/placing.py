@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 from forge.core.groups import Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
-from forge.core.placement import Binding, Choice, Diagnosis, Placer, diagnosis_text
+from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
+from forge.core.placement.topology import domains
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import Wanted
 from forge.core.queue import Queue, SortKey, sort_key
@@ -109,6 +110,8 @@ class Placing:
         # class's diagnosis, are one object each for the whole pass.
         self._ever_fits: dict[tuple[int, int], bool] = {}
         self._texts: dict[int, tuple[Diagnosis, str]] = {}
+        # groups whose rules look at their own replicas (distinct_hosts, spread)
+        self._topologies: dict[GroupKey, Topology] = {}
 
     def run(self, visit: list[tuple[SortKey, GroupKey]], last_asking: SortKey | None) -> None:
         """Visit the groups in order, then retry the held-back replicas."""
@@ -143,6 +146,7 @@ class Placing:
         bindings, pending, failures = plan.bindings, self.pending, self.failures
         just_failed, now, freed = self.just_failed, self.now, self.capacity_freed
         budget, limit = self.budget, options.max_placements
+        topo = self._topology(entry) if g.topology and options.topology else None
         waiting_now = 0
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
@@ -167,11 +171,17 @@ class Placing:
                 plan.pending[wid] = self._deferred_entry
                 self._note_gpu(req, constraints)
                 continue
-            choice = placer.place(req, constraints, avoid=hist.last_node if hist else None)
+            avoid = hist.last_node if hist else None
+            if topo is None:
+                choice = placer.place(req, constraints, avoid=avoid)
+            else:
+                choice = placer.place_with(req, constraints, topo, avoid=avoid)
             if choice is None:
-                self._refused(Wanted(wid, job, g, ordinal, req), prev)
+                self._refused(Wanted(wid, job, g, ordinal, req), prev, topo)
                 waiting_now += 1
                 continue
+            if topo is not None:
+                topo.add(choice.node.node)
             b = binding(job, g, ordinal, choice, req, options)
             bindings[wid] = b
             plan.placed.append(b)
@@ -179,15 +189,20 @@ class Placing:
             bound += 1
         return False
 
-    def _refused(self, w: Wanted, prev: PendingEntry | None) -> None:
-        """No node took ``w``: back it off with the placer's reason, remember it."""
+    def _refused(self, w: Wanted, prev: PendingEntry | None, topo: Topology | None) -> None:
+        """No node took ``w``: back it off with the placer's reason, remember it.
+        A replica of a topology group does not preempt: the preemption search
+        knows capacity, not the group's own rules."""
         placer, req, constraints = self.placer, w.req, w.group.constraints
         if not req.gpu and placer.reserving:
             self.held_back.append(w)
-        if self.options.preemption:
+        if self.options.preemption and topo is None:
             self.wanted.append(w)
         attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-        diagnosis = placer.why_not(req, constraints)
+        if topo is not None and topo.why is not None:
+            diagnosis = topo.why
+        else:
+            diagnosis = placer.why_not(req, constraints)
         said = self._texts.get(id(diagnosis))
         if said is None:  # (the diagnosis is kept with its text: alive)
             said = self._texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
@@ -203,6 +218,29 @@ class Placing:
         self.plan.pending[w.wid] = shared
         self.visited += self.options.pending_units - 1  # (one was counted already)
         self._note_gpu(req, constraints)
+
+    def _topology(self, entry: Group) -> Topology:
+        """The group's :class:`Topology` for this pass: its spread domains (values
+        on its eligible nodes) and the replicas it holds (by ordinal; those of the
+        current version count towards spread)."""
+        job, g, req = entry
+        key = (job.id, g.name)
+        topo = self._topologies.get(key)
+        if topo is None:
+            placer, bindings = self.placer, self.plan.bindings
+            by_id = placer.cluster.by_id
+            nodes = placer.static_nodes(req, g.constraints)
+            version = g.version
+            held = []
+            for ordinal in range(g.scaling.desired):
+                b = bindings.get(workload_id(job.id, g.name, ordinal))
+                alloc = by_id.get(b.node) if b is not None else None
+                if b is not None and alloc is not None:
+                    held.append((alloc.node, not b.version or b.version == version))
+            self.visited += g.scaling.desired + (len(nodes) if g.spread else 0)
+            topo = Topology.of(g, domains(g.spread, nodes) if g.spread else (), held)
+            self._topologies[key] = topo
+        return topo
 
     def _note_gpu(self, req: Request, constraints: tuple[Constraint, ...]) -> None:
         """A replica is left unbound: if it asks GPUs some node could give, the
@@ -226,11 +264,16 @@ class Placing:
             if self.placed >= limit:
                 break  # they keep their backoff entries; capacity_changed wakes them
             hist = self.failures.get(w.wid)
-            choice = placer.place(
-                w.req, w.group.constraints, avoid=hist.last_node if hist else None
-            )
+            avoid = hist.last_node if hist else None
+            topo = self._topologies.get((w.job.id, w.group.name))
+            if topo is None:
+                choice = placer.place(w.req, w.group.constraints, avoid=avoid)
+            else:
+                choice = placer.place_with(w.req, w.group.constraints, topo, avoid=avoid)
             if choice is None:
                 continue
+            if topo is not None:
+                topo.add(choice.node.node)
             b = binding(w.job, w.group, w.ordinal, choice, w.req, self.options)
             plan.bindings[w.wid] = b
             plan.placed.append(b)

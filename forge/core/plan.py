@@ -50,7 +50,7 @@ class ReconcileOptions(Evolving):
     spread drop the GpuPreserve preference the reservation replaces.
     """
 
-    _new_fields = ("preemption", "min_gap", "preemption_cooldown")
+    _new_fields = ("preemption", "min_gap", "preemption_cooldown", "topology")
 
     algorithm: Algorithm = "binpack"
     candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
@@ -103,6 +103,13 @@ class ReconcileOptions(Evolving):
         ge=0,
         le=7 * 24 * 3600,
         description="seconds during which a preempted replica is not preempted again",
+    )
+
+    topology: bool = Field(
+        default=True,
+        description="groups' distinct_hosts and spread rules (forge.core.placement."
+        "topology); the workflow turns them on under a patch, so histories recorded "
+        "before them replay without",
     )
 
     @property

@@ -42,11 +42,13 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from forge.core.models import Constraint, Request
+from forge.core.placement.classes import CAPACITY_CAUSES
 from forge.core.placement.classes import EquivalenceClass as _Class
 from forge.core.placement.classes import static_key as _static_key
-from forge.core.placement.diagnosis import Diagnosis
+from forge.core.placement.diagnosis import Diagnosis, Rejection
 from forge.core.placement.eligible import COPY_PER_UNIT, Eligibility
 from forge.core.placement.filters import diagnose
+from forge.core.placement.kernel import fits, shortfall
 from forge.core.placement.scan import (
     AVOID_PENALTY,
     Found,
@@ -58,6 +60,7 @@ from forge.core.placement.scan import (
 from forge.core.placement.scorers import Weighted, combined, scorers_for
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from forge.core.placement.state import Cluster, NodeAlloc
+from forge.core.placement.topology import Topology
 
 #: A request with its weight in the workload (how many replicas ask it).
 Typical = tuple[Request, float]
@@ -213,6 +216,98 @@ class Placer:
                 counts[cause] = counts.get(cause, 0) + n
             cls.why = Diagnosis.of(len(self.cluster), 0, counts)
             return None
+        gpu_ids = self._take(best, req)
+        if self.algorithm == "spread":
+            cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
+            if not best.fits(req):
+                self._kill(cls, best_pos, req)
+        return Choice(best, gpu_ids, best_score)
+
+    def place_with(
+        self,
+        req: Request,
+        constraints: tuple[Constraint, ...],
+        topology: Topology,
+        *,
+        avoid: str | None = None,
+    ) -> Choice | None:
+        """Bind one replica of a group whose rules look at its own replicas
+        (``distinct_hosts``, ``spread``; :mod:`forge.core.placement.topology`), or
+        None if no node can take it. No equivalence class: the answer changes with
+        each of the group's placements, so it shares neither a cursor nor a "no
+        node" answer with any other group. The caller notes the choice in
+        ``topology`` (:meth:`Topology.add`).
+
+        The scan walks the group's statically eligible nodes in the pass's order,
+        skipping those it found full for the group before (capacity only shrinks,
+        until a revival), and scores the feasible ones until ``candidates`` of them
+        keep every preference within its skew; when fewer are found it has seen
+        every node, so a replica is refused only if no node passes every rule
+        (invariant 4). A refusal is kept for the group (its replicas are the same
+        and its own rules unchanged) until capacity revives."""
+        if topology.revived < len(self._revived):
+            topology.revived = len(self._revived)
+            topology.full.clear()
+            topology.why = None
+        elif topology.why is not None:
+            return None
+        nodes = self._eligibility.view(req, constraints)
+        limit = self._limit(req) or len(nodes)
+        fast, full, soft = self._fast, topology.full, topology.soft
+        best: NodeAlloc | None = None
+        best_score, good, checked, scored = -1e18, 0, 0, 0
+        for node in nodes:
+            if node.index in full:
+                continue
+            checked += 1
+            if not fits(node, req):
+                full.add(node.index)
+                continue
+            spec = node.node
+            if topology.rejection(spec) is not None:
+                continue
+            scored += 1
+            s = fast(node, req) if fast is not None else combined(node, req, self.scorers)
+            if soft:  # the spread preference weighs twice the node's own score
+                s = (s + 2.0 * topology.score(spec)) / 3.0
+            if avoid is not None and spec.id == avoid:
+                s -= AVOID_PENALTY
+            if s > best_score:
+                best, best_score = node, s
+            if not soft or topology.within(spec):
+                good += 1
+                if good >= limit:
+                    break
+        self._work += checked + scored
+        self.scored += scored
+        if best is None:
+            topology.why = self._topology_why(req, constraints, topology, nodes)
+            return None
+        return Choice(best, self._take(best, req), best_score)
+
+    def _topology_why(
+        self,
+        req: Request,
+        constraints: tuple[Constraint, ...],
+        topology: Topology,
+        nodes: list[NodeAlloc],
+    ) -> Diagnosis:
+        """Why no node took a replica of a topology group: each node under its
+        first rule, in the filters' order (static, capacity, the group's own)."""
+        counts = dict(self._eligibility.reasons(req, constraints))
+        for node in nodes:
+            if node.index in topology.full or not fits(node, req):
+                cause: Rejection | None = CAPACITY_CAUSES[shortfall(node, req)]
+            else:
+                cause = topology.rejection(node.node)
+            if cause is not None:
+                counts[cause] = counts.get(cause, 0) + 1
+        self._work += len(nodes)
+        return Diagnosis.of(len(self.cluster), 0, counts)
+
+    def _take(self, best: NodeAlloc, req: Request) -> tuple[str, ...]:
+        """Allocate ``req`` on the chosen node; note a node whose GPU reservation it
+        freed (revived) and tell the observing scorers."""
         if req.gpu and self._reserving:
             room = (best.cpu_room(_NO_GPU), best.mem_room(_NO_GPU))
         device = None
@@ -227,11 +322,7 @@ class Placer:
             self._revived.append(best)
         for w in self._observers:
             w.placed(best, req)
-        if self.algorithm == "spread":
-            cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
-            if not best.fits(req):
-                self._kill(cls, best_pos, req)
-        return Choice(best, gpu_ids, best_score)
+        return gpu_ids
 
     @property
     def order(self) -> list[NodeAlloc]:
@@ -258,6 +349,13 @@ class Placer:
         may look. A fresh list; its copy is charged like a class's."""
         self._work += len(self.cluster) // COPY_PER_UNIT
         return self._eligibility.nodes(req, constraints)
+
+    def static_nodes(
+        self, req: Request, constraints: tuple[Constraint, ...] = ()
+    ) -> list[NodeAlloc]:
+        """The nodes that pass the request's static rules, in the pass's order: the
+        placer's own list, not to be changed (no copy, nothing charged)."""
+        return self._eligibility.view(req, constraints)
 
     def lift_reservation(self) -> None:
         """Drop every node's GPU reservation for the rest of the pass (no GPU work

@@ -201,6 +201,8 @@ class ClusterWorkflow(Presentation):
         }
         if not workflow.patched(patches.PREEMPTION):
             update["preemption"] = False  # a history recorded before preemption
+        if not workflow.patched(patches.TOPOLOGY):
+            update["topology"] = False  # a history recorded before distinct_hosts / spread
         if self.st.max_work:  # the watchdog's, after repeated deadlocks
             update.update(max_work=self.st.max_work, pending_units=PENDING_UNITS)
         elif not options.max_work:

@@ -1,6 +1,6 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-One is in use (``PREEMPTION``). The round before folded every earlier patch (work
+Two are in use (``PREEMPTION``, ``TOPOLOGY``). The round before folded every earlier patch (work
 budgets, the published status, rolling updates and health checks, placement version 2,
 dropped-signal notices) into one baseline, since no user runs histories recorded before
 them, and re-recorded the replay corpus (tests/histories/). The rule from here on
@@ -12,8 +12,13 @@ need the old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
 
 from __future__ import annotations
 
-__all__ = ["PREEMPTION"]
+__all__ = ["PREEMPTION", "TOPOLOGY"]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
 PREEMPTION = "preemption"
+
+#: A group's ``distinct_hosts`` and ``spread`` rules (issue 22,
+#: forge.core.placement.topology); runs recorded before them place such a group like
+#: any other (no recorded spec can name them: older workers refused unknown fields).
+TOPOLOGY = "topology-rules"

@@ -248,7 +248,15 @@ class SpreadRule(Model):
 
 
 class TaskGroup(Evolving):
-    _new_fields = ("tolerations", "update", "disruption", "distinct_hosts", "spread")
+    _new_fields = (
+        "tolerations",
+        "update",
+        "disruption",
+        "distinct_hosts",
+        "spread",
+        "gang",
+        "on_member_loss",
+    )
 
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
@@ -267,6 +275,13 @@ class TaskGroup(Evolving):
     distinct_hosts: Bool = False
     #: Spread the replicas over node label values (forge.core.placement.topology).
     spread: tuple[SpreadRule, ...] = Field(default=(), max_length=8)
+
+    #: All or nothing: the missing replicas are bound together or not at all
+    #: (Kueue, Volcano's PodGroup, the coscheduling plugin; forge.core.placing).
+    gang: Bool = False
+    #: A gang that loses a member (node lost, drained or removed, a task failed)
+    #: releases the rest and is placed again together; ``keep`` leaves the rest.
+    on_member_loss: Literal["restart_all", "keep"] = "restart_all"
 
     @model_validator(mode="after")
     def _one_spread_per_label(self) -> Self:

@@ -109,6 +109,8 @@ class Phase:
         order += self._victims()
         if self.options.topology:  # a group with rules of its own waits for a pass
             order = [w for w in order if not w.group.topology]
+        if self.options.gangs:  # so does a gang (placed together, never one by one)
+            order = [w for w in order if not w.group.gang]
         made = 0
         start = placer.work
         for w in order:
@@ -257,7 +259,8 @@ class Phase:
             if b is None:
                 continue
             entry = self.groups.get((b.job, b.group))
-            if entry is not None:
+            # a gang's member is no victim: evicting one would leave the rest idle
+            if entry is not None and not (entry.spec.gang and self.options.gangs):
                 out.append(Holder(wid, b, entry.job.priority))
         self._holders[node_id] = out
         return out

@@ -39,7 +39,7 @@ from forge.core.groups import (
     still_desired,
     update_groups,
 )
-from forge.core.models import Job, Node, Request, TaskGroup
+from forge.core.models import Job, Node, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Cluster, Placer
 from forge.core.placing import Bound, Placing, defer_groups, incomplete, to_visit
 from forge.core.plan import (
@@ -112,6 +112,8 @@ def reconcile(
     p.release(bindings)
     if options.rollouts:
         p.roll(rollouts, since, promoted, health if options.health_checks else None)
+    if options.gangs:
+        p.release_gangs()
     placing = p.place(capacity_changed or bool(p.plan.released))
     preempted: set[GroupKey] = set()
     if placing.wanted and placing.placed < options.max_placements:
@@ -129,6 +131,20 @@ def reconcile(
         )
     p.settle(placing)
     return p.finish(preempted)
+
+
+#: Release reasons that mean a gang lost a member (a restart_all gang then
+#: releases the rest): not a scale-down, a stop or a rollout's own wave.
+MEMBER_LOST = frozenset(
+    {
+        "node removed",
+        "node lost",
+        "node draining",
+        "failed",
+        "node capacity changed",
+        "constraints changed",
+    }
+)
 
 
 class _Pass:
@@ -269,6 +285,34 @@ class _Pass:
                 assert isinstance(self.bound, dict)
                 self.bound[(b.job, b.group)] -= 1
             self._release(wid, b, "rollout")
+
+    def release_gangs(self) -> None:
+        """1c. A gang (``on_member_loss: restart_all``) that lost a member in this
+        pass (its node lost, drained, removed or shrunk, a task failed) releases
+        the rest, so the place phase places it again, together."""
+        plan, carry = self.plan, self.carry
+        lost: set[GroupKey] = set()
+        for (_, why), b in zip(plan.released, plan.dropped, strict=True):
+            if why in MEMBER_LOST:
+                lost.add((b.job, b.group))
+        for key in sorted(lost):
+            entry = self.groups.get(key)
+            if entry is None or not entry.spec.gang or entry.spec.on_member_loss != "restart_all":
+                continue
+            job, g, _ = entry
+            for ordinal in range(g.scaling.desired):
+                wid = workload_id(job.id, g.name, ordinal)
+                held = plan.bindings.get(wid)
+                if held is None:
+                    continue
+                self.cluster.by_id[held.node].unhold(held)
+                if carry is not None:
+                    carry.drop(wid, held)
+                else:
+                    del plan.bindings[wid]
+                    assert isinstance(self.bound, dict)
+                    self.bound[key] -= 1
+                self._release(wid, held, "gang member lost")
 
     def _placer(self) -> Placer:
         options = self.options

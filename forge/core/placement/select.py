@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from forge.core.models import Constraint, Request
@@ -284,6 +284,85 @@ class Placer:
             topology.why = self._topology_why(req, constraints, topology, nodes)
             return None
         return Choice(best, self._take(best, req), best_score)
+
+    def place_gang(
+        self,
+        req: Request,
+        constraints: tuple[Constraint, ...],
+        count: int,
+        topology: Topology | None = None,
+    ) -> list[Choice] | tuple[int, Diagnosis]:
+        """Bind ``count`` replicas of one request all together, or none (a gang).
+
+        They are placed one after another on a simulated copy of the nodes they
+        touch (the real nodes and every class's cursor stay as they were), each on
+        the best of the first ``candidates`` nodes that fit it there, with the
+        group's own rules (``topology``, copied) when it has them. Only if every
+        one fits are they bound, on the same nodes in the same order; else nothing
+        is, and the answer is how many fit and why the next one did not (on the
+        simulated nodes). No class is used, so no "no node" answer is shared."""
+        nodes = self._eligibility.view(req, constraints)
+        limit = self._limit(req) or len(nodes)
+        trial = topology.copy() if topology is not None else None
+        fast = self._fast
+        sim: dict[int, NodeAlloc] = {}
+        picks: list[NodeAlloc] = []
+        work = 0
+        for k in range(count):
+            best: NodeAlloc | None = None
+            best_real = nodes[0] if nodes else None
+            best_score, found = -1e18, 0
+            for real in nodes:
+                node = sim.get(real.index, real)
+                work += 1
+                if not fits(node, req):
+                    continue
+                if trial is not None and trial.rejection(node.node) is not None:
+                    continue
+                work += 1
+                s = fast(node, req) if fast is not None else combined(node, req, self.scorers)
+                if trial is not None and trial.soft:
+                    s = (s + 2.0 * trial.score(node.node)) / 3.0
+                if s > best_score:
+                    best, best_real, best_score = node, real, s
+                if trial is None or trial.within(node.node):
+                    found += 1
+                    if found >= limit:
+                        break
+            if best is None or best_real is None:
+                self._work += work
+                on = [sim.get(n.index, n) for n in nodes]
+                return k, self._why_on(req, constraints, on, trial)
+            if best.index not in sim:
+                best = sim[best.index] = replace(
+                    best, gpu_free=list(best.gpu_free), gpu_left=list(best.gpu_left)
+                )
+            best.allocate(req)
+            if trial is not None:
+                trial.add(best.node)
+            picks.append(best_real)
+        self._work += work
+        return [Choice(node, self._take(node, req), 0.0) for node in picks]
+
+    def _why_on(
+        self,
+        req: Request,
+        constraints: tuple[Constraint, ...],
+        nodes: list[NodeAlloc],
+        topology: Topology | None,
+    ) -> Diagnosis:
+        """Why none of ``nodes`` (the request's eligible ones, as they stand) takes
+        it: static reasons, then each node's capacity or the group's own rule."""
+        counts = dict(self._eligibility.reasons(req, constraints))
+        for node in nodes:
+            if not fits(node, req):
+                cause: Rejection | None = CAPACITY_CAUSES[shortfall(node, req)]
+            else:
+                cause = topology.rejection(node.node) if topology is not None else None
+            if cause is not None:
+                counts[cause] = counts.get(cause, 0) + 1
+        self._work += len(nodes)
+        return Diagnosis.of(len(self.cluster), 0, counts)
 
     def _topology_why(
         self,

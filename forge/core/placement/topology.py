@@ -88,6 +88,14 @@ class Topology:
             topo.add(node, counted=counted)
         return topo
 
+    def copy(self) -> Topology:
+        """A copy to try placements on (a gang's trial)."""
+        out = Topology(self.distinct, self.rules, ())
+        out.held = dict(self.held)
+        out.counts = [dict(c) for c in self.counts]
+        out.mins = list(self.mins)
+        return out
+
     @property
     def soft(self) -> bool:
         """Whether any rule is a preference (``schedule_anyway``)."""

@@ -203,6 +203,8 @@ class ClusterWorkflow(Presentation):
             update["preemption"] = False  # a history recorded before preemption
         if not workflow.patched(patches.TOPOLOGY):
             update["topology"] = False  # a history recorded before distinct_hosts / spread
+        if not workflow.patched(patches.GANGS):
+            update["gangs"] = False  # a history recorded before gangs
         if self.st.max_work:  # the watchdog's, after repeated deadlocks
             update.update(max_work=self.st.max_work, pending_units=PENDING_UNITS)
         elif not options.max_work:

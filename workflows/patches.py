@@ -1,9 +1,10 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Two are in use (``PREEMPTION``, ``TOPOLOGY``). The round before folded every earlier patch (work
-budgets, the published status, rolling updates and health checks, placement version 2,
-dropped-signal notices) into one baseline, since no user runs histories recorded before
-them, and re-recorded the replay corpus (tests/histories/). The rule from here on
+Three are in use (``PREEMPTION``, ``TOPOLOGY``, ``GANGS``). The round before folded
+every earlier patch (work budgets, the published status, rolling updates and health
+checks, placement version 2, dropped-signal notices) into one baseline, since no user
+runs histories recorded before them, and re-recorded the replay corpus
+(tests/histories/). The rule from here on
 (README "Tests"): a behaviour change to code a pass runs gets an id here, named by the
 behaviour (``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)`` branch,
 the corpus recorded before it kept beside the new one, and, once no running workflow can
@@ -12,7 +13,7 @@ need the old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
 
 from __future__ import annotations
 
-__all__ = ["PREEMPTION", "TOPOLOGY"]
+__all__ = ["GANGS", "PREEMPTION", "TOPOLOGY"]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
@@ -22,3 +23,7 @@ PREEMPTION = "preemption"
 #: forge.core.placement.topology); runs recorded before them place such a group like
 #: any other (no recorded spec can name them: older workers refused unknown fields).
 TOPOLOGY = "topology-rules"
+
+#: ``gang: true`` groups placed all or nothing, and released whole when a member is
+#: lost (issue 22, forge.core.placing); runs recorded before place them one by one.
+GANGS = "gang-placement"

@@ -108,6 +108,38 @@ class _Group:
     entry: _Peer
 
 
+class _Open:
+    """The nodes that may still fit one request in this pass (``Placer._open``):
+    in the pass's order, those found full dropped (marked, then compacted in one
+    sweep once a quarter of the list is dead, so a search costs the nodes it looks
+    at). ``revived``: how much of the placer's revived nodes the list reflects
+    (-1: not built yet)."""
+
+    __slots__ = ("dead", "nodes", "revived")
+
+    def __init__(self) -> None:
+        self.nodes: list[NodeAlloc] = []
+        self.dead: set[int] = set()
+        self.revived = -1
+
+    def reset(self, nodes: list[NodeAlloc], revived: int) -> None:
+        self.nodes = list(nodes)
+        self.dead = set()
+        self.revived = revived
+
+    def drop(self, node: NodeAlloc) -> None:
+        self.dead.add(node.index)
+
+    def compact(self) -> int:
+        """Sweep the dead out when they are a quarter of the list; returns the work."""
+        if not self.dead or len(self.dead) * 4 < len(self.nodes):
+            return 0
+        dead = self.dead
+        self.nodes = [n for n in self.nodes if n.index not in dead]
+        self.dead = set()
+        return len(self.nodes) // COPY_PER_UNIT + len(dead)
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     node: NodeAlloc
@@ -166,6 +198,9 @@ class Placer:
         # binpack classes by static key, most recently used last (see _rebase)
         self._peers: dict[tuple[object, ...], dict[int, _Peer]] = {}
         self._groups: dict[int, _Group] = {}  # by id(class): its peers and its entry there
+        # the searches without a class: the nodes that may still fit, by request
+        self._opens: dict[tuple[object, ...], _Open] = {}
+        self._open_by_id: dict[int, tuple[Request, tuple[Constraint, ...], _Open]] = {}
         self.scored = 0  # how many node scores were computed (for benchmarks)
         self._work = 0
 
@@ -238,30 +273,29 @@ class Placer:
         node" answer with any other group. The caller notes the choice in
         ``topology`` (:meth:`Topology.add`).
 
-        The scan walks the group's statically eligible nodes in the pass's order,
-        skipping those it found full for the group before (capacity only shrinks,
-        until a revival), and scores the feasible ones until ``candidates`` of them
-        keep every preference within its skew; when fewer are found it has seen
-        every node, so a replica is refused only if no node passes every rule
-        (invariant 4). A refusal is kept for the group (its replicas are the same
-        and its own rules unchanged) until capacity revives."""
+        The scan walks the nodes that may still fit the request (:meth:`_open`:
+        its statically eligible ones in the pass's order, less those found full for
+        an equal request this pass; capacity only shrinks, until a revival), and
+        scores the feasible ones until ``candidates`` of them keep every
+        preference within its skew; when fewer are found it has seen every node,
+        so a replica is refused only if no node passes every rule (invariant 4). A
+        refusal is kept for the group (its replicas are the same and its own rules
+        unchanged) until capacity revives."""
         if topology.revived < len(self._revived):
             topology.revived = len(self._revived)
-            topology.full.clear()
             topology.why = None
         elif topology.why is not None:
             return None
-        nodes = self._eligibility.view(req, constraints)
+        open_ = self._open(req, constraints)
+        nodes = open_.nodes
         limit = self._limit(req) or len(nodes)
-        fast, full, soft = self._fast, topology.full, topology.soft
+        fast, soft = self._fast, topology.soft
         best: NodeAlloc | None = None
         best_score, good, checked, scored = -1e18, 0, 0, 0
         for node in nodes:
-            if node.index in full:
-                continue
             checked += 1
             if not fits(node, req):
-                full.add(node.index)
+                open_.drop(node)
                 continue
             spec = node.node
             if topology.rejection(spec) is not None:
@@ -278,10 +312,11 @@ class Placer:
                 good += 1
                 if good >= limit:
                     break
-        self._work += checked + scored
+        self._work += checked + scored + open_.compact()
         self.scored += scored
         if best is None:
-            topology.why = self._topology_why(req, constraints, topology, nodes)
+            view = self._eligibility.view(req, constraints)
+            topology.why = self._why_on(req, constraints, view, topology)
             return None
         return Choice(best, self._take(best, req), best_score)
 
@@ -301,7 +336,8 @@ class Placer:
         one fits are they bound, on the same nodes in the same order; else nothing
         is, and the answer is how many fit and why the next one did not (on the
         simulated nodes). No class is used, so no "no node" answer is shared."""
-        nodes = self._eligibility.view(req, constraints)
+        open_ = self._open(req, constraints)
+        nodes = open_.nodes
         limit = self._limit(req) or len(nodes)
         trial = topology.copy() if topology is not None else None
         fast = self._fast
@@ -316,6 +352,8 @@ class Placer:
                 node = sim.get(real.index, real)
                 work += 1
                 if not fits(node, req):
+                    if node is real:  # full for real, not just in the trial
+                        open_.drop(real)
                     continue
                 if trial is not None and trial.rejection(node.node) is not None:
                     continue
@@ -330,8 +368,9 @@ class Placer:
                     if found >= limit:
                         break
             if best is None or best_real is None:
-                self._work += work
-                on = [sim.get(n.index, n) for n in nodes]
+                self._work += work + open_.compact()
+                view = self._eligibility.view(req, constraints)
+                on = [sim.get(n.index, n) for n in view]
                 return k, self._why_on(req, constraints, on, trial)
             if best.index not in sim:
                 best = sim[best.index] = replace(
@@ -341,7 +380,7 @@ class Placer:
             if trial is not None:
                 trial.add(best.node)
             picks.append(best_real)
-        self._work += work
+        self._work += work + open_.compact()
         return [Choice(node, self._take(node, req), 0.0) for node in picks]
 
     def _why_on(
@@ -364,25 +403,24 @@ class Placer:
         self._work += len(nodes)
         return Diagnosis.of(len(self.cluster), 0, counts)
 
-    def _topology_why(
-        self,
-        req: Request,
-        constraints: tuple[Constraint, ...],
-        topology: Topology,
-        nodes: list[NodeAlloc],
-    ) -> Diagnosis:
-        """Why no node took a replica of a topology group: each node under its
-        first rule, in the filters' order (static, capacity, the group's own)."""
-        counts = dict(self._eligibility.reasons(req, constraints))
-        for node in nodes:
-            if node.index in topology.full or not fits(node, req):
-                cause: Rejection | None = CAPACITY_CAUSES[shortfall(node, req)]
-            else:
-                cause = topology.rejection(node.node)
-            if cause is not None:
-                counts[cause] = counts.get(cause, 0) + 1
-        self._work += len(nodes)
-        return Diagnosis.of(len(self.cluster), 0, counts)
+    def _open(self, req: Request, constraints: tuple[Constraint, ...]) -> _Open:
+        """The nodes that may still fit ``req`` this pass, shared by the searches
+        that use no equivalence class (topology groups, gangs) with an equal
+        request: a node one of them found full is full for all of them (capacity
+        only shrinks), so each is dropped once, not skipped once per replica. A
+        revival (a GPU placement freeing reservation, a lifted reservation) starts
+        the list again from the static one."""
+        hit = self._open_by_id.get(id(req))
+        if hit is not None and hit[0] is req and hit[1] is constraints:
+            found = hit[2]
+        else:
+            key = (_static_key(req, constraints), req.cpu, req.memory)
+            found = self._opens.get(key) or self._opens.setdefault(key, _Open())
+            self._open_by_id[id(req)] = (req, constraints, found)
+        if found.revived < 0 or found.revived < len(self._revived):
+            found.reset(self._eligibility.view(req, constraints), len(self._revived))
+            self._work += len(found.nodes) // COPY_PER_UNIT
+        return found
 
     def _take(self, best: NodeAlloc, req: Request) -> tuple[str, ...]:
         """Allocate ``req`` on the chosen node; note a node whose GPU reservation it

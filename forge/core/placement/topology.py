@@ -44,13 +44,12 @@ class Topology:
 
     ``held``: the group's replicas per node id; per spread rule, the counted
     replicas per label value (every domain present, from 0) and their minimum.
-    ``full`` is the placer's: the nodes found without room for the group's request
-    this pass (capacity only shrinks until ``revived`` says otherwise)."""
+    ``why`` and ``revived`` are the placer's: the group's "no node" answer, kept
+    until capacity revives."""
 
     __slots__ = (
         "counts",
         "distinct",
-        "full",
         "held",
         "mins",
         "revived",
@@ -69,7 +68,6 @@ class Topology:
         self.held: dict[str, int] = {}
         self.counts: list[dict[str, int]] = [dict.fromkeys(values, 0) for values in domains]
         self.mins = [0 for _ in self.rules]
-        self.full: set[int] = set()
         self.revived = 0
         self.why: Diagnosis | None = None  # the placer's, when the group found no node
 

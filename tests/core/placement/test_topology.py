@@ -93,6 +93,20 @@ def test_a_plain_group_of_the_same_shape_is_not_refused_by_a_distinct_hosts_refu
     assert sum(_on(plan, "b-plain").values()) == 3
 
 
+def test_two_distinct_hosts_groups_of_one_shape_each_get_every_node() -> None:
+    """They share what the pass learnt about capacity (a node full for one is full
+    for the other), never what one group's own rule said about a node."""
+    plan = _plan([_job(3, "a", distinct_hosts=True), _job(3, "b", distinct_hosts=True)], _nodes(3))
+    assert len(_on(plan, "a")) == 3 and len(_on(plan, "b")) == 3
+    full = _nodes(3)
+    full["n0"] = Node(id="n0", cpu=500, memory=8192, labels={"zone": "a"})  # one replica
+    plan = _plan([_job(3, "a", distinct_hosts=True), _job(3, "b", distinct_hosts=True)], full)
+    assert len(_on(plan, "a")) == 3 and sorted(_on(plan, "b")) == ["n1", "n2"]
+    assert plan.pending["b/api/2"].reasons == (
+        "0/3 nodes available: 2 distinct hosts (holds a replica of the group), 1 insufficient cpu",
+    )
+
+
 def test_distinct_hosts_counts_the_group_s_existing_replicas() -> None:
     nodes = _nodes(3)
     first = _plan([_job(2, distinct_hosts=True)], nodes)

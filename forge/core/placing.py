@@ -21,7 +21,6 @@ from typing import NamedTuple
 from forge.core.groups import Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
-from forge.core.placement.topology import domains
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import Wanted
 from forge.core.queue import Queue, SortKey, sort_key
@@ -337,7 +336,6 @@ class Placing:
         if topo is None:
             placer, bindings = self.placer, self.plan.bindings
             by_id = placer.cluster.by_id
-            nodes = placer.static_nodes(req, g.constraints)
             version = g.version
             held = []
             for ordinal in range(g.scaling.desired):
@@ -345,8 +343,9 @@ class Placing:
                 alloc = by_id.get(b.node) if b is not None else None
                 if b is not None and alloc is not None:
                     held.append((alloc.node, not b.version or b.version == version))
-            self.visited += g.scaling.desired + (len(nodes) if g.spread else 0)
-            topo = Topology.of(g, domains(g.spread, nodes) if g.spread else (), held)
+            self.visited += g.scaling.desired
+            values = placer.domains(req, g.constraints, g.spread) if g.spread else ()
+            topo = Topology.of(g, values, held)
             self._topologies[key] = topo
         return topo
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from forge.core.models import Constraint, Request
+from forge.core.models import Constraint, Request, SpreadRule
 from forge.core.placement.classes import CAPACITY_CAUSES
 from forge.core.placement.classes import EquivalenceClass as _Class
 from forge.core.placement.classes import static_key as _static_key
@@ -61,6 +61,7 @@ from forge.core.placement.scorers import Weighted, combined, scorers_for
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from forge.core.placement.state import Cluster, NodeAlloc
 from forge.core.placement.topology import Topology
+from forge.core.placement.topology import domains as _domains
 
 #: A request with its weight in the workload (how many replicas ask it).
 Typical = tuple[Request, float]
@@ -113,19 +114,27 @@ class _Open:
     in the pass's order, those found full dropped (marked, then compacted in one
     sweep once a quarter of the list is dead, so a search costs the nodes it looks
     at). ``revived``: how much of the placer's revived nodes the list reflects
-    (-1: not built yet)."""
+    (-1: not built yet); ``peers``: the lists of the requests with the same static
+    rules, most recently started last."""
 
-    __slots__ = ("dead", "nodes", "revived")
+    __slots__ = ("cpu", "dead", "memory", "nodes", "peers", "peers_key", "revived")
 
-    def __init__(self) -> None:
+    def __init__(self, req: Request) -> None:
+        self.cpu, self.memory = req.cpu, req.memory
         self.nodes: list[NodeAlloc] = []
         self.dead: set[int] = set()
         self.revived = -1
+        self.peers: list[_Open] = []
+        self.peers_key: tuple[object, ...] = ()
 
     def reset(self, nodes: list[NodeAlloc], revived: int) -> None:
         self.nodes = list(nodes)
         self.dead = set()
         self.revived = revived
+
+    def live(self) -> list[NodeAlloc]:
+        dead = self.dead
+        return [n for n in self.nodes if n.index not in dead] if dead else self.nodes
 
     def drop(self, node: NodeAlloc) -> None:
         self.dead.add(node.index)
@@ -200,6 +209,8 @@ class Placer:
         self._groups: dict[int, _Group] = {}  # by id(class): its peers and its entry there
         # the searches without a class: the nodes that may still fit, by request
         self._opens: dict[tuple[object, ...], _Open] = {}
+        self._open_peers: dict[tuple[object, ...], list[_Open]] = {}
+        self._domains: dict[tuple[object, ...], tuple[tuple[str, ...], ...]] = {}
         self._open_by_id: dict[int, tuple[Request, tuple[Constraint, ...], _Open]] = {}
         self.scored = 0  # how many node scores were computed (for benchmarks)
         self._work = 0
@@ -292,10 +303,13 @@ class Placer:
         fast, soft = self._fast, topology.soft
         best: NodeAlloc | None = None
         best_score, good, checked, scored = -1e18, 0, 0, 0
+        dead = open_.dead
         for node in nodes:
             checked += 1
+            if node.index in dead:
+                continue
             if not fits(node, req):
-                open_.drop(node)
+                dead.add(node.index)
                 continue
             spec = node.node
             if topology.rejection(spec) is not None:
@@ -407,19 +421,58 @@ class Placer:
         """The nodes that may still fit ``req`` this pass, shared by the searches
         that use no equivalence class (topology groups, gangs) with an equal
         request: a node one of them found full is full for all of them (capacity
-        only shrinks), so each is dropped once, not skipped once per replica. A
-        revival (a GPU placement freeing reservation, a lifted reservation) starts
-        the list again from the static one."""
+        only shrinks), so each is dropped once, not skipped once per replica.
+
+        A list (re)started takes the live nodes of the shortest list of a recently
+        used request with the same static rules and no larger cpu and memory (as
+        binpack's rebase: a node full for that one is full for this one), else the
+        static list. A revival (a GPU placement freeing reservation, a lifted
+        reservation) restarts a list: one that has not seen it is nobody's seed."""
         hit = self._open_by_id.get(id(req))
         if hit is not None and hit[0] is req and hit[1] is constraints:
             found = hit[2]
         else:
-            key = (_static_key(req, constraints), req.cpu, req.memory)
-            found = self._opens.get(key) or self._opens.setdefault(key, _Open())
+            skey = _static_key(req, constraints)
+            key = (skey, req.cpu, req.memory)
+            found = self._opens.get(key) or self._opens.setdefault(key, _Open(req))
+            found.peers = self._open_peers.setdefault(skey, [])
+            found.peers_key = skey
             self._open_by_id[id(req)] = (req, constraints, found)
-        if found.revived < 0 or found.revived < len(self._revived):
-            found.reset(self._eligibility.view(req, constraints), len(self._revived))
+        revived = len(self._revived)
+        if found.revived < 0 or found.revived < revived:
+            seed: list[NodeAlloc] | None = None
+            cpu, memory = req.cpu, req.memory
+            for peer in found.peers[-REBASE_PEERS:]:
+                if (
+                    peer is not found
+                    and peer.revived == revived
+                    and peer.cpu <= cpu
+                    and peer.memory <= memory
+                    and (seed is None or len(peer.nodes) - len(peer.dead) < len(seed))
+                ):
+                    seed = peer.live()
+                    self._work += len(peer.nodes) // COPY_PER_UNIT
+            if self.algorithm != "spread":
+                # binpack's classes know more: the nodes left to a class of the same
+                # static rules and no larger request are all that may fit this one
+                for pcpu, pmemory, cls in itertools.islice(
+                    reversed(self._peers.get(found.peers_key, {}).values()), REBASE_PEERS
+                ):
+                    if pcpu > cpu or pmemory > memory or cls.revived != revived:
+                        continue
+                    size = len(cls.window) + len(cls.cands) - cls.frontier + len(cls.extra)
+                    if seed is None or size < len(seed):
+                        seed = [cls.cands[i] for i in cls.window]
+                        seed += cls.cands[cls.frontier :]
+                        seed += cls.extra
+                        self._work += size // COPY_PER_UNIT
+            if seed is None:
+                seed = self._eligibility.view(req, constraints)
+            found.reset(seed, revived)
             self._work += len(found.nodes) // COPY_PER_UNIT
+            if found in found.peers:
+                found.peers.remove(found)
+            found.peers.append(found)  # most recently (re)started last
         return found
 
     def _take(self, best: NodeAlloc, req: Request) -> tuple[str, ...]:
@@ -473,6 +526,19 @@ class Placer:
         """The nodes that pass the request's static rules, in the pass's order: the
         placer's own list, not to be changed (no copy, nothing charged)."""
         return self._eligibility.view(req, constraints)
+
+    def domains(
+        self, req: Request, constraints: tuple[Constraint, ...], rules: tuple[SpreadRule, ...]
+    ) -> tuple[tuple[str, ...], ...]:
+        """Each spread rule's domains (:func:`forge.core.placement.topology.domains`)
+        over the request's static nodes, once per pass per static rules and labels."""
+        key = (_static_key(req, constraints), tuple(r.label for r in rules))
+        found = self._domains.get(key)
+        if found is None:
+            nodes = self._eligibility.view(req, constraints)
+            found = self._domains[key] = _domains(rules, nodes)
+            self._work += len(nodes)
+        return found
 
     def lift_reservation(self) -> None:
         """Drop every node's GPU reservation for the rest of the pass (no GPU work

@@ -48,6 +48,7 @@ class Topology:
     until capacity revives."""
 
     __slots__ = (
+        "_hard",
         "counts",
         "distinct",
         "held",
@@ -68,6 +69,18 @@ class Topology:
         self.held: dict[str, int] = {}
         self.counts: list[dict[str, int]] = [dict.fromkeys(values, 0) for values in domains]
         self.mins = [0 for _ in self.rules]
+        # the do_not_schedule rules, with their verdicts made once
+        self._hard = [
+            (
+                i,
+                r.label,
+                r.max_skew,
+                Rejection(Rule.SPREAD_LABEL, label=r.label),
+                Rejection(Rule.SPREAD, label=r.label),
+            )
+            for i, r in enumerate(self.rules)
+            if r.hard
+        ]
         self.revived = 0
         self.why: Diagnosis | None = None  # the placer's, when the group found no node
 
@@ -127,19 +140,20 @@ class Topology:
         return None
 
     def spread_rejection(self, node: Node) -> Rejection | None:
-        for i, r in enumerate(self.rules):
-            if not r.hard:
-                continue
-            excess = self._excess(i, node)
-            if excess is None:
-                return Rejection(Rule.SPREAD_LABEL, label=r.label)
-            if excess:
-                return Rejection(Rule.SPREAD, label=r.label)
+        labels, counts, mins = node.labels, self.counts, self.mins
+        for i, label, skew, missing, skewed in self._hard:
+            value = labels.get(label)
+            if value is None:
+                return missing
+            if counts[i].get(value, 0) + 1 - mins[i] > skew:
+                return skewed
         return None
 
     def rejection(self, node: Node) -> Rejection | None:
         """The first of the group's own rules that keeps a replica off ``node``."""
-        return self.distinct_rejection(node) or self.spread_rejection(node)
+        if self.distinct and node.id in self.held:
+            return _DISTINCT
+        return self.spread_rejection(node) if self._hard else None
 
     def within(self, node: Node) -> bool:
         """Whether one more replica on ``node`` keeps every preference's skew within

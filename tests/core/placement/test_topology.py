@@ -254,3 +254,52 @@ def test_after_a_pass_the_rules_hold_and_whatever_fits_under_them_is_placed(
 
 def _wids(job: Job, g: TaskGroup) -> list[str]:
     return [f"{job.id}/{g.name}/{i}" for i in range(g.scaling.desired)]
+
+
+@st.composite
+def _one_rule_set(draw: st.DrawFn) -> tuple[dict[str, Node], dict[str, Job]]:
+    """Plain and ruled groups that differ only in cpu (one set of static rules), so
+    the searches without a class start from what the classes learnt (Placer._open)."""
+    nodes = {
+        f"n{i}": Node(
+            id=f"n{i}",
+            cpu=draw(st.integers(1, 6)) * 500,
+            memory=8192,
+            labels={"zone": draw(st.sampled_from("ab"))},
+        )
+        for i in range(draw(st.integers(1, 8)))
+    }
+    jobs: dict[str, Job] = {}
+    for i in range(draw(st.integers(2, 6))):
+        spread: dict[str, Any] = {"spread": [{"label": "zone"}]}
+        plain: dict[str, Any] = {}
+        rules = draw(st.sampled_from([plain, plain, {"distinct_hosts": True}, spread]))
+        job = _job(draw(st.integers(1, 6)), f"j{i}", cpu=draw(st.integers(1, 4)) * 250, **rules)
+        jobs[job.id] = job
+    return nodes, jobs
+
+
+@given(_one_rule_set(), st.sampled_from([1, 2, 8]), st.integers(0, 3))
+def test_groups_of_one_rule_set_leave_nothing_pending_that_fits(
+    world: tuple[dict[str, Node], dict[str, Job]], candidates: int, seed: int
+) -> None:
+    nodes, jobs = world
+    options = ReconcileOptions(candidates=candidates, seed=seed, preemption=False)
+    plan = reconcile(
+        jobs=jobs, nodes=nodes, bindings={}, pending={}, failures={}, now=0.0, options=options
+    )
+    bindings = list(plan.bindings.values())
+    cluster = Cluster(list(nodes.values()))
+    for b in bindings:
+        cluster.by_id[b.node].hold(b)
+    for job in jobs.values():
+        g = job.groups[0]
+        topo = topology_of(job.id, g, cluster.nodes, bindings) if g.topology else None
+        for wid in plan.pending:
+            if wid.startswith(f"{job.id}/"):
+                fits = [
+                    a.id
+                    for a in cluster.nodes
+                    if explain_node(a, g.request(), g.constraints, filters_for(topo)) is None
+                ]
+                assert not fits, f"{wid} pending, yet fits {fits}"

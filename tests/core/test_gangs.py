@@ -253,3 +253,52 @@ def test_after_a_pass_each_gang_is_all_or_nothing_and_pending_only_if_it_cannot_
         for wid in refused:
             fits = [a.id for a in cluster.nodes if _room(a, g, 1)]
             assert not fits, f"{wid} pending, yet fits {fits}"
+
+
+@given(
+    _worlds(),
+    st.lists(
+        st.tuples(st.integers(0, 9), st.lists(st.integers(0, 40), max_size=3)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_every_pass_leaves_each_gang_whole_or_empty_through_node_loss_and_failures(
+    world: tuple[dict[str, Node], dict[str, Job]], steps: list[tuple[int, list[int]]]
+) -> None:
+    """Each step loses a node (by index, if any is left) and fails some bound
+    replicas (by index); a restart_all gang is all bound or holds nothing after every
+    pass, and a lost node holds nothing."""
+    nodes, jobs = world
+    options = ReconcileOptions(preemption=False)
+    plan = reconcile(
+        jobs=jobs, nodes=nodes, bindings={}, pending={}, failures={}, now=0.0, options=options
+    )
+    now = 0.0
+    for lose, fail in steps:
+        ready = sorted(n for n, spec in nodes.items() if spec.state is NodeState.READY)
+        if ready:
+            gone = ready[lose % len(ready)]
+            nodes[gone] = nodes[gone].model_copy(update={"state": NodeState.LOST})
+        bound = sorted(plan.bindings)
+        failed = sorted({bound[i % len(bound)] for i in fail}) if bound else []
+        now += 400.0  # past every reschedule delay and backoff of the strategies
+        plan = reconcile(
+            jobs=jobs,
+            nodes=nodes,
+            bindings=plan.bindings,
+            pending=plan.pending,
+            failures=plan.failures,
+            failed=failed,
+            now=now,
+            options=options,
+        )
+        lost = {n for n, spec in nodes.items() if spec.state is NodeState.LOST}
+        assert not [b for b in plan.bindings.values() if b.node in lost]
+        for job in jobs.values():
+            g = job.groups[0]
+            mine = [b for b in plan.bindings.values() if b.job == job.id]
+            if g.gang:
+                assert len(mine) in (0, g.scaling.desired), f"{job.id}: {len(mine)} bound"
+            if g.distinct_hosts:
+                assert len({b.node for b in mine}) == len(mine)

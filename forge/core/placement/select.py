@@ -442,16 +442,19 @@ class Placer:
         if found.revived < 0 or found.revived < revived:
             seed: list[NodeAlloc] | None = None
             cpu, memory = req.cpu, req.memory
+            size = -1
+            best_open: _Open | None = None
             for peer in found.peers[-REBASE_PEERS:]:
+                left = len(peer.nodes) - len(peer.dead)
                 if (
                     peer is not found
                     and peer.revived == revived
                     and peer.cpu <= cpu
                     and peer.memory <= memory
-                    and (seed is None or len(peer.nodes) - len(peer.dead) < len(seed))
+                    and (size < 0 or left < size)
                 ):
-                    seed = peer.live()
-                    self._work += len(peer.nodes) // COPY_PER_UNIT
+                    best_open, size = peer, left
+            best_cls: _Class | None = None
             if self.algorithm != "spread":
                 # binpack's classes know more: the nodes left to a class of the same
                 # static rules and no larger request are all that may fit this one
@@ -460,12 +463,17 @@ class Placer:
                 ):
                     if pcpu > cpu or pmemory > memory or cls.revived != revived:
                         continue
-                    size = len(cls.window) + len(cls.cands) - cls.frontier + len(cls.extra)
-                    if seed is None or size < len(seed):
-                        seed = [cls.cands[i] for i in cls.window]
-                        seed += cls.cands[cls.frontier :]
-                        seed += cls.extra
-                        self._work += size // COPY_PER_UNIT
+                    left = len(cls.window) + len(cls.cands) - cls.frontier + len(cls.extra)
+                    if size < 0 or left < size:
+                        best_cls, size = cls, left
+            if best_cls is not None:
+                seed = [best_cls.cands[i] for i in best_cls.window]
+                seed += best_cls.cands[best_cls.frontier :]
+                seed += best_cls.extra
+                self._work += size // COPY_PER_UNIT
+            elif best_open is not None:
+                seed = best_open.live()
+                self._work += len(best_open.nodes) // COPY_PER_UNIT
             if seed is None:
                 seed = self._eligibility.view(req, constraints)
             found.reset(seed, revived)

@@ -302,3 +302,27 @@ def test_every_pass_leaves_each_gang_whole_or_empty_through_node_loss_and_failur
                 assert len(mine) in (0, g.scaling.desired), f"{job.id}: {len(mine)} bound"
             if g.distinct_hosts:
                 assert len({b.node for b in mine}) == len(mine)
+
+
+def test_a_gang_the_gpu_reservation_turned_away_is_placed_once_it_lifts() -> None:
+    """Placement version 2: free GPUs reserve the node's cpu from work without GPUs.
+    The gang (placed first, by priority) is refused while a GPU job is still to
+    come; once that one is bound nothing needs the reservation, and the gang is
+    tried again, whole, in the same pass (invariant 4)."""
+    nodes = _gpu_nodes(1)
+    gang = _job("cpu-gang", 2, gpu=0, priority=90, gang=True)
+    gpu = _job("gpu-one", 1, gpu=1, priority=50)
+    v2 = ReconcileOptions(placement_version=2, preemption=False)
+    plan = _pass([gang, gpu], nodes, options=v2)
+    assert len(_bound(plan, "gpu-one")) == 1
+    assert len(_bound(plan, "cpu-gang")) == 2 and not plan.pending
+
+
+def test_a_distinct_hosts_replica_the_reservation_turned_away_is_placed_once_it_lifts() -> None:
+    nodes = _gpu_nodes(2)
+    apart = _job("apart", 2, gpu=0, priority=90, distinct_hosts=True)
+    gpu = _job("gpu-one", 1, gpu=1, priority=50)
+    v2 = ReconcileOptions(placement_version=2, preemption=False)
+    plan = _pass([apart, gpu], nodes, options=v2)
+    assert sorted(b.node for b in plan.bindings.values() if b.job == "apart") == ["g0", "g1"]
+    assert not plan.pending

@@ -133,8 +133,9 @@ def reconcile(
     return p.finish(preempted)
 
 
-#: Release reasons that mean a gang lost a member (a restart_all gang then
-#: releases the rest): not a scale-down, a stop or a rollout's own wave.
+#: Release reasons that break a gang (a restart_all gang then releases the rest, to
+#: be placed again together): a member lost, or replaced by a rolling update's wave
+#: (a gang runs one version: it is updated whole). Not a scale-down or a stop.
 MEMBER_LOST = frozenset(
     {
         "node removed",
@@ -143,6 +144,7 @@ MEMBER_LOST = frozenset(
         "failed",
         "node capacity changed",
         "constraints changed",
+        "rollout",
     }
 )
 
@@ -288,8 +290,9 @@ class _Pass:
 
     def release_gangs(self) -> None:
         """1c. A gang (``on_member_loss: restart_all``) that lost a member in this
-        pass (its node lost, drained, removed or shrunk, a task failed) releases
-        the rest, so the place phase places it again, together."""
+        pass (its node lost, drained, removed or shrunk, a task failed, a rolling
+        update's wave) releases the rest, so the place phase places it again,
+        together (after a rollout's first wave: all of it on the new version)."""
         plan, carry = self.plan, self.carry
         lost: set[GroupKey] = set()
         for (_, why), b in zip(plan.released, plan.dropped, strict=True):

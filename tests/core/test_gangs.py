@@ -326,3 +326,41 @@ def test_a_distinct_hosts_replica_the_reservation_turned_away_is_placed_once_it_
     plan = _pass([apart, gpu], nodes, options=v2)
     assert sorted(b.node for b in plan.bindings.values() if b.job == "apart") == ["g0", "g1"]
     assert not plan.pending
+
+
+def test_a_rolling_update_replaces_a_gang_whole_on_the_new_version() -> None:
+    """A gang runs one version: the update's first wave releases every member and
+    the gang is placed again together on the new one (not one member at a time)."""
+    nodes = {f"n{i}": Node(id=f"n{i}", cpu=4000, memory=8192) for i in range(4)}
+
+    def job(command: str) -> Job:
+        return Job.model_validate(
+            {
+                "name": "t",
+                "groups": [
+                    {
+                        "name": "w",
+                        "gang": True,
+                        "scaling": {"max": 8, "desired": 3},
+                        "tasks": [
+                            {
+                                "name": "x",
+                                "command": [command],
+                                "resources": {"cpu": 1000, "memory": 512},
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+
+    rolling = ReconcileOptions(rollouts=True, preemption=False)
+    old = _pass([job("a")], nodes, options=rolling)
+    new = _pass([job("b")], nodes, bindings=old.bindings, options=rolling, now=1.0)
+    assert sorted(why for _, why in new.released) == [
+        "gang member lost",
+        "gang member lost",
+        "rollout",
+    ]
+    version = job("b").groups[0].version
+    assert sorted(b.version for b in new.bindings.values()) == [version] * 3

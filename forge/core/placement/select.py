@@ -139,14 +139,36 @@ class _Open:
     def drop(self, node: NodeAlloc) -> None:
         self.dead.add(node.index)
 
-    def compact(self) -> int:
-        """Sweep the dead out when they are a quarter of the list; returns the work."""
-        if not self.dead or len(self.dead) * 4 < len(self.nodes):
-            return 0
+    def sweep(self, upto: int) -> int:
+        """Take the dead out of the first ``upto`` nodes (what a search just walked),
+        so no later search walks them again; returns the work."""
         dead = self.dead
-        self.nodes = [n for n in self.nodes if n.index not in dead]
+        head = self.nodes[:upto]
+        keep = [n for n in head if n.index not in dead]
+        if len(keep) < len(head):
+            dead.difference_update(n.index for n in head if n.index in dead)
+            self.nodes[:upto] = keep
+        return upto // COPY_PER_UNIT
+
+    def compact(self) -> int:
+        """Cut the dead off the front of the list (binpack fills nodes in the
+        list's order, so that is where they gather), and sweep the rest out when
+        they are a quarter of the list; returns the work."""
+        dead = self.dead
+        if not dead:
+            return 0
+        nodes = self.nodes
+        p = 0
+        while p < len(nodes) and nodes[p].index in dead:
+            dead.discard(nodes[p].index)
+            p += 1
+        if p:
+            del nodes[:p]
+        if len(dead) * 4 < len(nodes):
+            return p + len(nodes) // COPY_PER_UNIT if p else 0
+        self.nodes = [n for n in nodes if n.index not in dead]
         self.dead = set()
-        return len(self.nodes) // COPY_PER_UNIT + len(dead)
+        return p + len(self.nodes) // COPY_PER_UNIT + len(dead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,16 +326,43 @@ class Placer:
         best: NodeAlloc | None = None
         best_score, good, checked, scored = -1e18, 0, 0, 0
         dead = open_.dead
+        # the fit kernel (work without GPUs) and the group's rules written out, as in
+        # scan.best_in_window: this loop runs once per node looked at
+        rcpu, rmemory, rgpu = req.cpu, req.memory, req.gpu
+        held = topology.held if topology.distinct else None
+        hard, counts, mins = topology.hard, topology.counts, topology.mins
+        swept = 0  # dead nodes walked over (or found) by this search
         for node in nodes:
             checked += 1
-            if node.index in dead:
-                continue
-            if not fits(node, req):
-                dead.add(node.index)
+            index = node.index
+            if index in dead:
+                swept += 1
                 continue
             spec = node.node
-            if topology.rejection(spec) is not None:
+            if rgpu:
+                if not fits(node, req):
+                    dead.add(index)
+                    swept += 1
+                    continue
+            elif (
+                spec.cpu - node.cpu_used - node.res_cpu < rcpu
+                or spec.memory - node.mem_used - node.res_mem < rmemory
+            ):
+                dead.add(index)
+                swept += 1
                 continue
+            if held is not None and spec.id in held:
+                continue
+            if hard:  # Topology.spread_rejection
+                labels = spec.labels
+                closed = False
+                for i, label, skew, _, _ in hard:
+                    value = labels.get(label)
+                    if value is None or counts[i].get(value, 0) + 1 - mins[i] > skew:
+                        closed = True
+                        break
+                if closed:
+                    continue
             scored += 1
             s = fast(node, req) if fast is not None else combined(node, req, self.scorers)
             if soft:  # the spread preference weighs twice the node's own score
@@ -326,7 +375,7 @@ class Placer:
                 good += 1
                 if good >= limit:
                     break
-        self._work += checked + scored + open_.compact()
+        self._work += checked + scored + (open_.sweep(checked) if swept else 0)
         self.scored += scored
         if best is None:
             view = self._eligibility.view(req, constraints)

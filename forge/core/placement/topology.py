@@ -108,6 +108,12 @@ class Topology:
         return out
 
     @property
+    def hard(self) -> list[tuple[int, str, int, Rejection, Rejection]]:
+        """The ``do_not_schedule`` rules: index, label, max_skew and their verdicts
+        (a missing label, a skew past max_skew), for a search that inlines them."""
+        return self._hard
+
+    @property
     def soft(self) -> bool:
         """Whether any rule is a preference (``schedule_anyway``)."""
         return any(not r.hard for r in self.rules)

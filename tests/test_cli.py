@@ -225,6 +225,24 @@ def test_plan_reports_why_a_replica_does_not_fit(
     ]
 
 
+def test_plan_of_the_spread_example_keeps_replicas_apart_and_says_why_one_waits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    examples = Path(__file__).parents[1] / "examples"
+    nodes, jobs = str(examples / "nodes.yaml"), str(examples / "spread.yaml")
+    code, out, _ = run(capsys, "plan", "--nodes", nodes, "--jobs", jobs, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    on = [p["node"] for p in doc["placements"]]
+    assert sorted(on) == ["cpu-1", "cpu-2", "gpu-a100-1", "gpu-v100-1"]  # one per node
+    assert doc["pending"] == [
+        {
+            "workload_id": "frontend/web/4",
+            "reasons": ["0/4 nodes available: 4 distinct hosts (holds a replica of the group)"],
+        }
+    ]
+
+
 def test_plan_reads_the_alibaba_trace_format(capsys: pytest.CaptureFixture[str]) -> None:
     nodes_file, jobs_file = FIXTURES / "trace_nodes.csv", FIXTURES / "trace_pods.csv"
     code, out, _ = run(

@@ -51,6 +51,7 @@ ENV = 256  # "256 variables"
 STRING = 4096  # "4,096 characters"
 CONSTRAINTS = 64  # "64 / 64; label 1-253 characters"
 CONSTRAINT_VALUES = 64
+SPREAD_RULES = 8  # "8, labels unique"
 CONSTRAINT_LABEL = 253
 ATTEMPTS = 1000  # "0 .. 1,000"
 JOB_BYTES = 128 * KIB  # "128 KiB"
@@ -85,6 +86,7 @@ PENDING_SHOWN = 200
         "| `env` | 256 variables",
         "| 4,096 characters | `MAX_STRING` |",
         "| 64 / 64; label 1-253 characters |",
+        "| spread rules per group (`spread`) | 8, labels unique; `max_skew` 1 .. 100,000 |",
         "0 .. 1,000; 0 .. 1 year in seconds",
         "**128 KiB** | `MAX_JOB_BYTES` |",
         "| GPU devices | 64, ids unique |",
@@ -320,6 +322,12 @@ COUNT_FIELDS: dict[str, tuple[Callable[[int], dict[str, Any]], type[BaseModel], 
         0,
         CONSTRAINTS,
     ),
+    "spread rules per group": (
+        lambda n: job(groups=[group(spread=[{"label": f"l{i}"} for i in range(n)])]),
+        Job,
+        0,
+        SPREAD_RULES,
+    ),
     "values per constraint": (
         lambda n: job(
             groups=[
@@ -545,3 +553,13 @@ def test_at_most_20_problems_are_listed_per_file(problems: int, more: int) -> No
     assert len([line for line in lines if "more" not in line]) == ERROR_LINES
     assert (f"f.json: ... and {more} more" in lines) == bool(more)
     assert re.search(r"\[19\]", str(raised.value))
+
+
+@pytest.mark.parametrize(("skew", "ok"), [(0, False), (1, True), (100_000, True), (100_001, False)])
+def test_max_skew_is_1_to_100_000(skew: int, ok: bool) -> None:
+    spec = job(groups=[group(spread=[{"label": "zone", "max_skew": skew}])])
+    if ok:
+        Job.model_validate(spec)
+    else:
+        with pytest.raises(ValidationError):
+            Job.model_validate(spec)

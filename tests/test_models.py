@@ -436,3 +436,42 @@ def test_a_copied_group_with_new_tasks_asks_for_the_new_request() -> None:
     h = g.model_copy(update={"tasks": bigger})
     assert (h.request().cpu, h.request().memory) == (5, 7)
     assert g.request().cpu == 1
+
+
+def _group_with(**rules: Any) -> dict[str, Any]:
+    return {
+        "name": "api",
+        "tasks": [{"name": "t", "resources": {"cpu": 100, "memory": 64}}],
+        **rules,
+    }
+
+
+def test_distinct_hosts_and_spread_are_left_out_of_a_dump_at_their_defaults() -> None:
+    """A job that does not use them dumps byte for byte as before them (digests and
+    recorded histories depend on it); one that does keeps them through a round trip."""
+    plain = Job.model_validate({"name": "w", "groups": [_group_with()]})
+    dumped = plain.model_dump_json()
+    assert "distinct_hosts" not in dumped and "spread" not in dumped
+    ruled = Job.model_validate(
+        {"name": "w", "groups": [_group_with(distinct_hosts=True, spread=[{"label": "zone"}])]}
+    )
+    again = Job.model_validate_json(ruled.model_dump_json())
+    assert again == ruled and again.groups[0].spread[0].max_skew == 1
+    assert again.groups[0].spread[0].when_unsatisfiable == "do_not_schedule"
+    props = Job.model_json_schema()["$defs"]["TaskGroup"]["properties"]
+    assert {"distinct_hosts", "spread"} <= set(props)
+
+
+@pytest.mark.parametrize(
+    "spread",
+    [
+        [{"label": "zone"}, {"label": "zone", "max_skew": 2}],
+        [{"label": "zone", "max_skew": 0}],
+        [{"label": "zone", "when_unsatisfiable": "sometimes"}],
+        [{"label": ""}],
+        [{"label": "zone", "max_skew": "1"}],
+    ],
+)
+def test_a_bad_spread_rule_is_refused(spread: list[dict[str, Any]]) -> None:
+    with pytest.raises(ValidationError):
+        Job.model_validate({"name": "w", "groups": [_group_with(spread=spread)]})

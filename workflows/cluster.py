@@ -208,6 +208,10 @@ class ClusterWorkflow(Presentation):
             update["preemption"] = False  # a history recorded before preemption
         if not workflow.patched(patches.DISRUPTION_BUDGETS):
             update["disruption_budgets"] = False  # recorded before drains and waves counted
+        if not workflow.patched(patches.TOPOLOGY):
+            update["topology"] = False  # a history recorded before distinct_hosts / spread
+        if not workflow.patched(patches.GANGS):
+            update["gangs"] = False  # a history recorded before gangs
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         if work and self.adaptive and self.st.pass_budget:

@@ -1,19 +1,19 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Three are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``ADAPTIVE_BUDGET``). The
-round before folded every earlier patch (work budgets, the published status, rolling
-updates and health checks, placement version 2, dropped-signal notices) into one
-baseline, since no user runs histories recorded before them, and re-recorded the
-replay corpus (tests/histories/). The rule from here on (README "Tests"): a behaviour
-change to code a pass runs gets an id here, named by the behaviour
-(``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)`` branch, the corpus
-recorded before it kept beside the new one, and, once no running workflow can need the
-old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
+Five are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+``ADAPTIVE_BUDGET``). The round before folded every earlier patch (work budgets, the
+published status, rolling updates and health checks, placement version 2,
+dropped-signal notices) into one baseline, since no user runs histories recorded
+before them, and re-recorded the replay corpus (tests/histories/). The rule from here
+on (README "Tests"): a behaviour change to code a pass runs gets an id here, named by
+the behaviour (``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)``
+branch, the corpus recorded before it kept beside the new one, and, once no running
+workflow can need the old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
 """
 
 from __future__ import annotations
 
-__all__ = ["ADAPTIVE_BUDGET", "DISRUPTION_BUDGETS", "PREEMPTION"]
+__all__ = ["ADAPTIVE_BUDGET", "DISRUPTION_BUDGETS", "GANGS", "PREEMPTION", "TOPOLOGY"]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
@@ -29,3 +29,12 @@ DISRUPTION_BUDGETS = "disruption-budgets"
 #: took (forge.core.budget: the persist activity returns the worker's measurement,
 #: so history holds it); runs recorded before it plan with the fixed budget.
 ADAPTIVE_BUDGET = "adaptive-budget"
+
+#: A group's ``distinct_hosts`` and ``spread`` rules (issue 22,
+#: forge.core.placement.topology); runs recorded before them place such a group like
+#: any other (no recorded spec can name them: older workers refused unknown fields).
+TOPOLOGY = "topology-rules"
+
+#: ``gang: true`` groups placed all or nothing, and released whole when a member is
+#: lost (issue 22, forge.core.placing); runs recorded before place them one by one.
+GANGS = "gang-placement"

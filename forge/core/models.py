@@ -108,6 +108,7 @@ __all__ = [
     "ScalingPolicy",
     "Seconds",
     "ShortStr",
+    "SpreadRule",
     "Taint",
     "Task",
     "TaskGroup",
@@ -230,8 +231,32 @@ class Constraint(Model):
         return value is None or value not in self.values
 
 
+class SpreadRule(Model):
+    """Spread a group's replicas over the values of a node label (Kubernetes'
+    topologySpreadConstraints): the group's replica count per value differs by at
+    most ``max_skew`` among the values the group's eligible nodes carry.
+    ``do_not_schedule``: a replica waits rather than break it, and a node without
+    the label cannot hold one; ``schedule_anyway``: a preference, not a rule."""
+
+    label: Annotated[str, Field(min_length=1, max_length=253)]
+    max_skew: Int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    when_unsatisfiable: Literal["do_not_schedule", "schedule_anyway"] = "do_not_schedule"
+
+    @property
+    def hard(self) -> bool:
+        return self.when_unsatisfiable == "do_not_schedule"
+
+
 class TaskGroup(Evolving):
-    _new_fields = ("tolerations", "update", "disruption")
+    _new_fields = (
+        "tolerations",
+        "update",
+        "disruption",
+        "distinct_hosts",
+        "spread",
+        "gang",
+        "on_member_loss",
+    )
 
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
@@ -246,6 +271,30 @@ class TaskGroup(Evolving):
     #: How many replicas preemption may take below ``desired`` at once; None: no
     #: budget (any replica of a low enough priority may be preempted).
     disruption: DisruptionBudget | None = None
+    #: No two of the group's replicas on one node (Nomad's ``distinct_hosts``).
+    distinct_hosts: Bool = False
+    #: Spread the replicas over node label values (forge.core.placement.topology).
+    spread: tuple[SpreadRule, ...] = Field(default=(), max_length=8)
+
+    #: All or nothing: the missing replicas are bound together or not at all
+    #: (Kueue, Volcano's PodGroup, the coscheduling plugin; forge.core.placing).
+    gang: Bool = False
+    #: A gang that loses a member (node lost, drained or removed, a task failed)
+    #: releases the rest and is placed again together; ``keep`` leaves the rest.
+    on_member_loss: Literal["restart_all", "keep"] = "restart_all"
+
+    @model_validator(mode="after")
+    def _one_spread_per_label(self) -> Self:
+        labels = [r.label for r in self.spread]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"spread names a label more than once: {', '.join(dupes)}")
+        return self
+
+    @property
+    def topology(self) -> bool:
+        """Whether the group's placement depends on where its own replicas are."""
+        return self.distinct_hosts or bool(self.spread)
 
     @model_validator(mode="after")
     def _update_fits(self) -> Self:

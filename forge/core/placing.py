@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from forge.core.groups import Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
-from forge.core.placement import Binding, Choice, Diagnosis, Placer, diagnosis_text
+from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import Wanted
 from forge.core.queue import GroupOrder, Queue, SortKey, sort_key
@@ -110,6 +110,10 @@ class Placing:
         # class's diagnosis, are one object each for the whole pass.
         self._ever_fits: dict[tuple[int, int], bool] = {}
         self._texts: dict[int, tuple[Diagnosis, str]] = {}
+        # groups whose rules look at their own replicas (distinct_hosts, spread)
+        self._topologies: dict[GroupKey, Topology] = {}
+        # gangs the GPU reservation turned away, with their unbound members
+        self._held_gangs: list[tuple[Group, list[tuple[int, str]]]] = []
 
     def run(self, visit: list[tuple[SortKey, GroupKey]], last_asking: SortKey | None) -> None:
         """Visit the groups in order, then retry the held-back replicas."""
@@ -144,6 +148,9 @@ class Placing:
         bindings, pending, failures = plan.bindings, self.pending, self.failures
         just_failed, now, freed = self.just_failed, self.now, self.capacity_freed
         budget, limit = self.budget, options.max_placements
+        topo = self._topology(entry) if g.topology and options.topology else None
+        if g.gang and options.gangs:
+            return self._gang(entry, topo)
         waiting_now = 0
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
@@ -168,11 +175,17 @@ class Placing:
                 plan.pending[wid] = self._deferred_entry
                 self._note_gpu(req, constraints)
                 continue
-            choice = placer.place(req, constraints, avoid=hist.last_node if hist else None)
+            avoid = hist.last_node if hist else None
+            if topo is None:
+                choice = placer.place(req, constraints, avoid=avoid)
+            else:
+                choice = placer.place_with(req, constraints, topo, avoid=avoid)
             if choice is None:
-                self._refused(Wanted(wid, job, g, ordinal, req), prev)
+                self._refused(Wanted(wid, job, g, ordinal, req), prev, topo)
                 waiting_now += 1
                 continue
+            if topo is not None:
+                topo.add(choice.node.node)
             b = binding(job, g, ordinal, choice, req, options)
             bindings[wid] = b
             plan.placed.append(b)
@@ -180,15 +193,124 @@ class Placing:
             bound += 1
         return False
 
-    def _refused(self, w: Wanted, prev: PendingEntry | None) -> None:
-        """No node took ``w``: back it off with the placer's reason, remember it."""
+    def _gang(self, entry: Group, topo: Topology | None) -> bool:
+        """Place a gang's missing replicas together or not at all (see
+        :meth:`Placer.place_gang`); True when the pass stops here, as in
+        :meth:`_group`. A gang waits as a whole: while one of its missing members
+        waits out a delay, the others wait with it. It never preempts."""
+        job, g, req = entry
+        plan, placer, options = self.plan, self.placer, self.options
+        bindings, pending, failures = plan.bindings, self.pending, self.failures
+        missing: list[tuple[int, str]] = []
+        waits: dict[str, PendingEntry] = {}
+        for ordinal in range(g.scaling.desired):
+            wid = workload_id(job.id, g.name, ordinal)
+            if wid in bindings:
+                continue
+            self.visited += 1
+            missing.append((ordinal, wid))
+            wait = waiting(
+                pending.get(wid),
+                failures.get(wid),
+                g.reschedule,
+                wid in self.just_failed,
+                self.now,
+                self.capacity_freed,
+            )
+            if wait is not None:
+                waits[wid] = wait
+        n = len(missing)
+        if not n:
+            return False
+        limit, budget = options.max_placements, self.budget
+        if waits:
+            latest = max(w.not_before for w in waits.values())
+            for _, wid in missing:
+                plan.pending[wid] = waits.get(wid) or PendingEntry(
+                    kind="backoff",
+                    attempts=_attempts(pending.get(wid)) - 1,
+                    not_before=latest,
+                    reasons=("gang: waiting for a member's delay",),
+                )
+        elif (
+            n <= limit
+            and budget
+            and (self.placed + n > limit or placer.work + self.visited >= budget)
+        ):
+            self.deferred.append(Deferred(job.id, g.name, n))
+            self._note_gpu(req, g.constraints)
+            return True
+        elif n <= limit and self.placed + n > limit:
+            plan.deferred += n
+            for _, wid in missing:
+                plan.pending[wid] = self._deferred_entry
+        else:
+            self._try_gang(entry, missing, topo, refused=True)
+            return False
+        self._note_gpu(req, g.constraints)
+        return False
+
+    def _try_gang(
+        self,
+        entry: Group,
+        missing: list[tuple[int, str]],
+        topo: Topology | None,
+        *,
+        refused: bool,
+    ) -> bool:
+        """One all-or-nothing try; binds every member or (``refused``) backs each
+        off with the gang's reason. True when bound."""
+        job, g, req = entry
+        plan, options, n = self.plan, self.options, len(missing)
+        if n > options.max_placements:
+            result: list[Choice] | tuple[int, Diagnosis | None] = (0, None)
+        else:
+            result = self.placer.place_gang(req, g.constraints, n, topo)
+        if isinstance(result, list):
+            for (ordinal, wid), choice in zip(missing, result, strict=True):
+                b = binding(job, g, ordinal, choice, req, options)
+                plan.bindings[wid] = b
+                plan.placed.append(b)
+                plan.pending.pop(wid, None)
+                self.placed += 1
+                if topo is not None:
+                    topo.add(choice.node.node)
+            return True
+        if not refused:
+            return False
+        fit, diagnosis = result
+        why = (
+            f"gang: {fit} of {n} fit; {diagnosis_text(diagnosis)}"
+            if diagnosis is not None
+            else f"gang: {n} replicas exceed the {options.max_placements} placements of a pass"
+        )
+        for _, wid in missing:
+            attempts = _attempts(self.pending.get(wid))
+            plan.pending[wid] = PendingEntry(
+                kind="backoff",
+                attempts=attempts,
+                not_before=self.now + backoff_delay(attempts, options),
+                reasons=(why,),
+            )
+        self.visited += n * (options.pending_units - 1)
+        if not req.gpu and self.placer.reserving:
+            self._held_gangs.append((entry, missing))
+        return False
+
+    def _refused(self, w: Wanted, prev: PendingEntry | None, topo: Topology | None) -> None:
+        """No node took ``w``: back it off with the placer's reason, remember it.
+        A replica of a topology group does not preempt: the preemption search
+        knows capacity, not the group's own rules."""
         placer, req, constraints = self.placer, w.req, w.group.constraints
         if not req.gpu and placer.reserving:
             self.held_back.append(w)
-        if self.options.preemption:
+        if self.options.preemption and topo is None:
             self.wanted.append(w)
         attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-        diagnosis = placer.why_not(req, constraints)
+        if topo is not None and topo.why is not None:
+            diagnosis = topo.why
+        else:
+            diagnosis = placer.why_not(req, constraints)
         said = self._texts.get(id(diagnosis))
         if said is None:  # (the diagnosis is kept with its text: alive)
             said = self._texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
@@ -205,6 +327,29 @@ class Placing:
         self.visited += self.options.pending_units - 1  # (one was counted already)
         self._note_gpu(req, constraints)
 
+    def _topology(self, entry: Group) -> Topology:
+        """The group's :class:`Topology` for this pass: its spread domains (values
+        on its eligible nodes) and the replicas it holds (by ordinal; those of the
+        current version count towards spread)."""
+        job, g, req = entry
+        key = (job.id, g.name)
+        topo = self._topologies.get(key)
+        if topo is None:
+            placer, bindings = self.placer, self.plan.bindings
+            by_id = placer.cluster.by_id
+            version = g.version
+            held = []
+            for ordinal in range(g.scaling.desired):
+                b = bindings.get(workload_id(job.id, g.name, ordinal))
+                alloc = by_id.get(b.node) if b is not None else None
+                if b is not None and alloc is not None:
+                    held.append((alloc.node, not b.version or b.version == version))
+            self.visited += g.scaling.desired
+            values = placer.domains(req, g.constraints, g.spread) if g.spread else ()
+            topo = Topology.of(g, values, held)
+            self._topologies[key] = topo
+        return topo
+
     def _note_gpu(self, req: Request, constraints: tuple[Constraint, ...]) -> None:
         """A replica is left unbound: if it asks GPUs some node could give, the
         reservation must hold for the rest of the pass."""
@@ -219,19 +364,30 @@ class Placing:
     def _retry_held_back(self) -> None:
         """Replicas without GPUs that the reservation refused: tried again once it
         is lifted (or GPU placements after the refusal freed reservation: the placer
-        re-admits those nodes), so nothing that fits is left pending (invariant 4)."""
+        re-admits those nodes), so nothing that fits is left pending (invariant 4).
+        Gangs too, each whole."""
         placer, plan, limit = self.placer, self.plan, self.options.max_placements
-        if self.held_back and placer.reserving and not self.gpu_waiting:
+        held = self.held_back or self._held_gangs
+        if held and placer.reserving and not self.gpu_waiting:
             placer.lift_reservation()  # the last job was one asking GPUs; all bound
+        for entry, missing in self._held_gangs:
+            if self.placed + len(missing) <= limit:
+                key = (entry.job.id, entry.spec.name)
+                self._try_gang(entry, missing, self._topologies.get(key), refused=False)
         for w in self.held_back:
             if self.placed >= limit:
                 break  # they keep their backoff entries; capacity_changed wakes them
             hist = self.failures.get(w.wid)
-            choice = placer.place(
-                w.req, w.group.constraints, avoid=hist.last_node if hist else None
-            )
+            avoid = hist.last_node if hist else None
+            topo = self._topologies.get((w.job.id, w.group.name))
+            if topo is None:
+                choice = placer.place(w.req, w.group.constraints, avoid=avoid)
+            else:
+                choice = placer.place_with(w.req, w.group.constraints, topo, avoid=avoid)
             if choice is None:
                 continue
+            if topo is not None:
+                topo.add(choice.node.node)
             b = binding(w.job, w.group, w.ordinal, choice, w.req, self.options)
             plan.bindings[w.wid] = b
             plan.placed.append(b)
@@ -369,6 +525,11 @@ def defer_groups(
             plan.pending[wid] = wait
             kept += 1
     plan.deferred += sum(d.left for d in deferred) - kept
+
+
+def _attempts(prev: PendingEntry | None) -> int:
+    """The attempt a refusal now makes, after ``prev``."""
+    return (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
 
 
 def binding(

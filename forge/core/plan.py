@@ -50,7 +50,14 @@ class ReconcileOptions(Evolving):
     spread drop the GpuPreserve preference the reservation replaces.
     """
 
-    _new_fields = ("preemption", "min_gap", "preemption_cooldown", "disruption_budgets")
+    _new_fields = (
+        "preemption",
+        "min_gap",
+        "preemption_cooldown",
+        "disruption_budgets",
+        "topology",
+        "gangs",
+    )
 
     algorithm: Algorithm = "binpack"
     candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
@@ -111,6 +118,20 @@ class ReconcileOptions(Evolving):
         "waves as well as preemption, all together (forge.core.disruption); off: drains "
         "release at once, rollouts go by max_parallel only and preemption counts alone. "
         "The workflow turns it on under a patch, so histories recorded before it replay",
+    )
+
+    topology: bool = Field(
+        default=True,
+        description="groups' distinct_hosts and spread rules (forge.core.placement."
+        "topology); the workflow turns them on under a patch, so histories recorded "
+        "before them replay without",
+    )
+
+    gangs: bool = Field(
+        default=True,
+        description="groups with gang: true are placed all or nothing and, with "
+        "on_member_loss restart_all, released whole when a member is lost; the workflow "
+        "turns it on under a patch, so histories recorded before it replay without",
     )
 
     @property

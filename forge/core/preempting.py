@@ -106,9 +106,15 @@ class Phase:
         """After preemptions: place what is still unbound, with a fresh ``placer``
         over the same cluster (a victim may fit elsewhere, the rest of a freed node
         may fit other pending work), in order, the victims after the replicas that
-        found no node. At most ``room`` placements; returns how many were made."""
+        found no node. At most ``room`` placements; returns how many were made.
+        A victim of a group with ``distinct_hosts`` or ``spread`` waits for the next
+        pass, whose place phase knows where its group's replicas are."""
         order = [w for w in wanted if w.wid not in self.plan.bindings]
         order += self._victims()
+        if self.options.topology:  # a group with rules of its own waits for a pass
+            order = [w for w in order if not w.group.topology]
+        if self.options.gangs:  # so does a gang (placed together, never one by one)
+            order = [w for w in order if not w.group.gang]
         made = 0
         start = placer.work
         for w in order:
@@ -259,7 +265,8 @@ class Phase:
             if b is None:
                 continue
             entry = self.groups.get((b.job, b.group))
-            if entry is not None:
+            # a gang's member is no victim: evicting one would leave the rest idle
+            if entry is not None and not (entry.spec.gang and self.options.gangs):
                 out.append(Holder(wid, b, entry.job.priority))
         self._holders[node_id] = out
         return out

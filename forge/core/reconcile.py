@@ -40,7 +40,7 @@ from forge.core.groups import (
     still_desired,
     update_groups,
 )
-from forge.core.models import Job, Node, Request, TaskGroup
+from forge.core.models import Job, Node, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Cluster, Placer
 from forge.core.placing import Bound, Placing, defer_groups, incomplete, ordered, to_visit
 from forge.core.plan import (
@@ -115,6 +115,8 @@ def reconcile(
     p.drain()
     if options.rollouts:
         p.roll(rollouts, since, promoted, health if options.health_checks else None)
+    if options.gangs:
+        p.release_gangs()
     placing = p.place(capacity_changed or bool(p.plan.released))
     preempted: set[GroupKey] = set()
     if placing.wanted and placing.placed < options.max_placements:
@@ -132,6 +134,22 @@ def reconcile(
         )
     p.settle(placing)
     return p.finish(preempted)
+
+
+#: Release reasons that break a gang (a restart_all gang then releases the rest, to
+#: be placed again together): a member lost, or replaced by a rolling update's wave
+#: (a gang runs one version: it is updated whole). Not a scale-down or a stop.
+MEMBER_LOST = frozenset(
+    {
+        "node removed",
+        "node lost",
+        "node draining",
+        "failed",
+        "node capacity changed",
+        "constraints changed",
+        "rollout",
+    }
+)
 
 
 class _Pass:
@@ -314,6 +332,35 @@ class _Pass:
             if s.waiting == BUDGET_WAIT:
                 job_id, group = name.split("/", 1)
                 self.limited.add((job_id, group))
+
+    def release_gangs(self) -> None:
+        """1c. A gang (``on_member_loss: restart_all``) that lost a member in this
+        pass (its node lost, drained, removed or shrunk, a task failed, a rolling
+        update's wave) releases the rest, so the place phase places it again,
+        together (after a rollout's first wave: all of it on the new version)."""
+        plan, carry = self.plan, self.carry
+        lost: set[GroupKey] = set()
+        for (_, why), b in zip(plan.released, plan.dropped, strict=True):
+            if why in MEMBER_LOST:
+                lost.add((b.job, b.group))
+        for key in sorted(lost):
+            entry = self.groups.get(key)
+            if entry is None or not entry.spec.gang or entry.spec.on_member_loss != "restart_all":
+                continue
+            job, g, _ = entry
+            for ordinal in range(g.scaling.desired):
+                wid = workload_id(job.id, g.name, ordinal)
+                held = plan.bindings.get(wid)
+                if held is None:
+                    continue
+                self.cluster.by_id[held.node].unhold(held)
+                if carry is not None:
+                    carry.drop(wid, held)
+                else:
+                    del plan.bindings[wid]
+                    assert isinstance(self.bound, dict)
+                    self.bound[key] -= 1
+                self._release(wid, held, "gang member lost")
 
     def _placer(self) -> Placer:
         options = self.options

@@ -16,6 +16,7 @@ from typing import Literal, NamedTuple
 
 from forge.core.models import Assignment, Job, Node
 from forge.core.placement import Binding, Cluster, Rejection, explain_node, rejection_text
+from forge.core.placement.topology import filters_for, topology_of
 from forge.core.reconcile import PendingEntry, Plan
 from forge.core.rolling import RolloutPlan
 from forge.stores.base import TaskReport
@@ -265,9 +266,13 @@ def explanation(
                 f"{pending.kind}: attempt {pending.attempts}, next try at {pending.not_before:.0f}"
             )
     req = group.request()
+    held = list(bindings)
+    cluster = allocations(nodes, held)
+    topology = topology_of(parts[0], group, cluster.nodes, held) if group.topology else None
+    filters = filters_for(topology)
     verdicts = [
-        f"{a.id}: {_verdict(explain_node(a, req, group.constraints))}"
-        for a in allocations(nodes, bindings).nodes[:VERDICTS_SHOWN]
+        f"{a.id}: {_verdict(explain_node(a, req, group.constraints, filters))}"
+        for a in cluster.nodes[:VERDICTS_SHOWN]
     ]
     reasons.extend(r for r in preempted if r not in reasons)
     if not reasons:

@@ -199,3 +199,37 @@ def test_node_usage_sums_each_nodes_latest_reports_and_lists_their_ports() -> No
     }
     assert views.parse_ports("started ports http=1 x=nope b=2") == [("http", 1), ("b", 2)]
     assert views.parse_ports("started") == []
+
+
+def test_explain_shows_a_group_s_own_rules_in_each_node_s_verdict() -> None:
+    """distinct_hosts and a do_not_schedule spread reject nodes as the pass would."""
+    job = Job.model_validate(
+        {
+            "name": "web",
+            "groups": [
+                {
+                    "name": "api",
+                    "scaling": {"max": 4, "desired": 3},
+                    "distinct_hosts": True,
+                    "spread": [{"label": "zone"}],
+                    "tasks": [{"name": "t", "resources": {"cpu": 100, "memory": 64}}],
+                }
+            ],
+        }
+    )
+    nodes = [
+        Node(id="a1", cpu=1000, memory=1024, labels={"zone": "a"}),
+        Node(id="a2", cpu=1000, memory=1024, labels={"zone": "a"}),
+        Node(id="b1", cpu=1000, memory=1024, labels={"zone": "b"}),
+        Node(id="bare", cpu=1000, memory=1024),
+    ]
+    held = [Binding("web", "api", 0, "a1", (), 100, 64)]
+    out = views.explanation(
+        "web/api/1", binding=None, pending=None, job=job, nodes=nodes, bindings=held
+    )
+    assert out.nodes == [
+        "a1: distinct hosts (holds a replica of the group)",
+        "a2: spread on zone would pass max_skew",
+        "b1: fits now",
+        "bare: no zone label (spread)",
+    ]

@@ -31,6 +31,7 @@ from forge.core.placement.scorers import (
 )
 from forge.core.placement.select import DEFAULT_CANDIDATES, Choice, Placer
 from forge.core.placement.state import Binding, Cluster, NodeAlloc
+from forge.core.placement.topology import DistinctHostsFilter, SpreadFilter, Topology
 
 __all__ = [
     "ALGORITHMS",
@@ -41,6 +42,7 @@ __all__ = [
     "Choice",
     "Cluster",
     "Diagnosis",
+    "DistinctHostsFilter",
     "Fgd",
     "Filter",
     "GpuPreserve",
@@ -51,6 +53,8 @@ __all__ = [
     "Rule",
     "Scorer",
     "Spread",
+    "SpreadFilter",
+    "Topology",
     "TypicalTask",
     "Weighted",
     "cause_text",

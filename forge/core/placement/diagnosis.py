@@ -34,6 +34,9 @@ class Rule(StrEnum):
     CPU_RESERVED = "cpu-reserved"  # free, but held for the node's free GPUs
     MEMORY_RESERVED = "memory-reserved"
     RESERVED = "reserved"  # cpu or memory held for free GPUs (the selector's tally)
+    DISTINCT_HOSTS = "distinct-hosts"  # the node holds a replica of the group
+    SPREAD = "spread"  # one more replica there would skew the group past max_skew
+    SPREAD_LABEL = "spread-label"  # the node lacks a label the group spreads on
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,8 @@ class Rejection:
     state or constraint (part of what a diagnosis counts by); the rest is per-node
     detail (``asked`` / ``free`` / ``reserved`` in the dimension's unit: millicores,
     MiB, milli-GPU; ``devices``: the matching devices with the most room, as
-    ``(id, free milli-GPU)``, and ``more`` of them not listed)."""
+    ``(id, free milli-GPU)``, and ``more`` of them not listed). ``label``: the
+    label of a spread rule (part of the cause)."""
 
     rule: Rule
     state: str = ""
@@ -53,13 +57,14 @@ class Rejection:
     reserved: int = 0
     devices: tuple[tuple[str, int], ...] = ()
     more: int = 0
+    label: str = ""  # the label a spread rule names
 
     @property
     def cause(self) -> Rejection:
         """The rejection without its per-node detail: what nodes are counted by."""
         if not (self.taint or self.asked or self.free or self.reserved or self.devices):
             return self
-        return Rejection(self.rule, self.state, self.constraint)
+        return Rejection(self.rule, self.state, self.constraint, label=self.label)
 
 
 @dataclass(frozen=True, slots=True)

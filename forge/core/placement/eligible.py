@@ -102,6 +102,13 @@ class Eligibility:
             self._static[skey] = nodes
         return list(nodes)
 
+    def view(self, req: Request, constraints: tuple[Constraint, ...]) -> list[NodeAlloc]:
+        """The list :meth:`nodes` copies, itself: for a search that only reads it."""
+        skey = static_key(req, constraints)
+        if skey not in self._static:
+            self.nodes(req, constraints)
+        return self._static[skey]
+
     def ids(self, req: Request, constraints: tuple[Constraint, ...]) -> set[int]:
         skey = static_key(req, constraints)
         ids = self._static_ids.get(skey)

@@ -37,6 +37,7 @@ _PLAIN = {
     Rule.CPU_RESERVED: "cpu reserved for free gpus",
     Rule.MEMORY_RESERVED: "memory reserved for free gpus",
     Rule.RESERVED: "cpu or memory reserved for free gpus",
+    Rule.DISTINCT_HOSTS: "distinct hosts (holds a replica of the group)",
 }
 
 
@@ -52,6 +53,10 @@ def rejection_text(r: Rejection) -> str:
             if c is None
             else f"constraint {c.label} {c.op} {','.join(c.values)}".rstrip()
         )
+    if r.rule is Rule.SPREAD:
+        return f"spread on {r.label} would pass max_skew"
+    if r.rule is Rule.SPREAD_LABEL:
+        return f"no {r.label} label (spread)"
     text = _PLAIN[r.rule]
     if r.rule is Rule.TAINT and r.taint is not None:
         t = r.taint

@@ -57,6 +57,7 @@ from forge.core.placement.scan import (
 )
 from forge.core.placement.scorers import Weighted, combined, scorers_for
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
+from forge.core.placement.searches import REBASE_PEERS, Choice, Open, Peer, Searches
 from forge.core.placement.state import Cluster, NodeAlloc
 
 #: A request with its weight in the workload (how many replicas ask it).
@@ -87,13 +88,9 @@ class _Observes(Protocol):
 __all__ = ["DEFAULT_CANDIDATES", "Choice", "Placer"]
 
 DEFAULT_CANDIDATES = 8
-REBASE_PEERS = 16  # binpack: recently used classes a (re)starting class may learn from
 _NO_GPU = Request(cpu=0, memory=0)  # asks what room a node has for work without GPUs
 
-
-#: A binpack class among its peers (Placer._rebase): its request's cpu and memory
-#: (read once, not from the pydantic model on every look) and the class.
-_Peer = tuple[int, int, _Class]
+_Peer = Peer
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +102,7 @@ class _Group:
     entry: _Peer
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    node: NodeAlloc
-    gpu_ids: tuple[str, ...]
-    score: float
-
-
-class Placer:
+class Placer(Searches):
     """Places replicas into a :class:`Cluster`, mutating its allocations.
 
     Deterministic: the same cluster, seed and sequence of calls give the same
@@ -163,6 +153,11 @@ class Placer:
         # binpack classes by static key, most recently used last (see _rebase)
         self._peers: dict[tuple[object, ...], dict[int, _Peer]] = {}
         self._groups: dict[int, _Group] = {}  # by id(class): its peers and its entry there
+        # the searches without a class: the nodes that may still fit, by request
+        self._opens: dict[tuple[object, ...], Open] = {}
+        self._open_peers: dict[tuple[object, ...], list[Open]] = {}
+        self._domains: dict[tuple[object, ...], tuple[tuple[str, ...], ...]] = {}
+        self._open_by_id: dict[int, tuple[Request, tuple[Constraint, ...], Open]] = {}
         self.scored = 0  # how many node scores were computed (for benchmarks)
         self._work = 0
 
@@ -213,6 +208,16 @@ class Placer:
                 counts[cause] = counts.get(cause, 0) + n
             cls.why = Diagnosis.of(len(self.cluster), 0, counts)
             return None
+        gpu_ids = self._take(best, req)
+        if self.algorithm == "spread":
+            cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
+            if not best.fits(req):
+                self._kill(cls, best_pos, req)
+        return Choice(best, gpu_ids, best_score)
+
+    def _take(self, best: NodeAlloc, req: Request) -> tuple[str, ...]:
+        """Allocate ``req`` on the chosen node; note a node whose GPU reservation it
+        freed (revived) and tell the observing scorers."""
         if req.gpu and self._reserving:
             room = (best.cpu_room(_NO_GPU), best.mem_room(_NO_GPU))
         device = None
@@ -227,11 +232,7 @@ class Placer:
             self._revived.append(best)
         for w in self._observers:
             w.placed(best, req)
-        if self.algorithm == "spread":
-            cls.ptr = best_pos + 1 if best_pos + 1 < len(cls.cands) else 0
-            if not best.fits(req):
-                self._kill(cls, best_pos, req)
-        return Choice(best, gpu_ids, best_score)
+        return gpu_ids
 
     @property
     def order(self) -> list[NodeAlloc]:

@@ -103,23 +103,12 @@ class SqlReads:
         return [Job.model_validate_json(spec) for (spec,) in rows]
 
     def job_changes(self, cluster: str, since: int, limit: int = 500) -> JobPage:
-        limit = max(limit, 0)
-        rows = self._all(
-            self._q(
-                "SELECT revision, job_id, spec{text} FROM jobs WHERE cluster = ?"
-                " AND revision > ? ORDER BY revision LIMIT ?"
-            ),
-            (cluster, since, limit + 1),
-        )
+        page = self.job_spec_changes(cluster, since, limit)
         changes = [
             JobChange(revision=rev, job_id=job_id, job=_job(spec))
-            for rev, job_id, spec in rows[:limit]
+            for rev, job_id, spec in page.rows
         ]
-        return JobPage(
-            changes=changes,
-            revision=changes[-1].revision if changes else since,
-            more=len(rows) > limit,
-        )
+        return JobPage(changes=changes, revision=page.revision, more=page.more)
 
     def job_spec_changes(self, cluster: str, since: int, limit: int = 500) -> SpecPage:
         limit = max(limit, 0)

@@ -744,9 +744,14 @@ async def test_raw_size_and_batch_violations_are_refused(
     with pytest.raises(WorkflowUpdateFailedError) as raised:
         await handle.execute_update(
             c.UPDATE_SUBMIT_JOBS,
-            {"jobs": [job(f"m{i}").model_dump(mode="json") for i in range(201)]},
+            {
+                "jobs": [
+                    job(f"m{i}").model_dump(mode="json") for i in range(c.MAX_JOBS_PER_UPDATE + 1)
+                ]
+            },
         )
-    assert "jobs" in failure_text(raised.value) and "200" in failure_text(raised.value)
+    text = failure_text(raised.value)
+    assert "jobs" in text and f"{c.MAX_JOBS_PER_UPDATE}" in text
     await assert_untouched(fc, store, before)
 
 

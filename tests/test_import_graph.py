@@ -102,11 +102,12 @@ def test_relative_and_type_checking_imports_are_read_right() -> None:
 
 
 #: What each part of ``forge`` may import (besides itself): the README's layer
-#: table. ``forge.errors`` is a leaf every layer may use, ``forge.serialize`` one the
-#: wire and the stores share; the core uses nothing.
+#: table. ``forge.errors`` and ``forge.clocks`` are leaves every layer may use,
+#: ``forge.serialize`` one the wire and the stores share; the core uses nothing.
 LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "errors": frozenset(),
+    "clocks": frozenset(),
     "logs": frozenset(),
     "serialize": frozenset(),
     "__main__": frozenset({"cli"}),

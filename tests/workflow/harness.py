@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
@@ -97,3 +99,17 @@ async def cluster(
                 # time-skipping server's clock for the tests that follow
                 with contextlib.suppress(Exception):
                     await fc.handle().terminate("test finished")
+
+
+async def eventually_status(
+    fc: ForgeClient, pred: Callable[..., bool], timeout: float = 20.0
+) -> c.StatusView:
+    """Poll the published status until ``pred`` holds; fail naming the last summary."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await fc.status()
+        if pred(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached; last status {status.summary}")
+        await asyncio.sleep(0.05)  # poll interval, not synchronisation

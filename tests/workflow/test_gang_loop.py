@@ -5,10 +5,7 @@ spread lands balanced; the store is the workflow's, and the history (with the
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
-from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
@@ -17,20 +14,9 @@ from temporalio.worker import Replayer
 from forge.core.models import Node
 from forge.wire.codec import data_converter
 from tests.e2e.procs import assert_store_is_the_workflows
-from tests.workflow.harness import cluster, job, node
+from tests.workflow.harness import cluster, eventually_status, job, node
 from workflows import patches
 from workflows.cluster import ClusterWorkflow
-
-
-async def _eventually(fc: Any, pred: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = await fc.status()
-        if pred(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached; last status {status.summary}")
-        await asyncio.sleep(0.05)  # poll interval, not synchronisation
 
 
 def _zoned(node_id: str, zone: str) -> Node:
@@ -51,7 +37,7 @@ async def test_a_gang_waits_whole_until_a_node_joins_and_a_spread_lands_balanced
         assert any(r.startswith("gang: 1 of 2 fit; 0/1 nodes available") for r in why.reasons)
 
         await fc.register_nodes([node("g2", cpu=16000, memory=65536, gpus=2)])
-        await _eventually(fc, lambda s: s.summary.bound == 2)
+        await eventually_status(fc, lambda s: s.summary.bound == 2)
 
         zones = [_zoned(f"z{i}", "abc"[i % 3]) for i in range(6)]
         await fc.register_nodes(zones)

@@ -3,8 +3,6 @@ workflow, on the time-skipping test server."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from typing import Any
 
@@ -14,18 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 from forge.core.models import Job, Node
 from forge.wire import activity_contract as ac
 from tests.e2e.procs import assert_store_is_the_workflows
-from tests.workflow.harness import cluster, default_options, job, node
-
-
-async def _eventually(fc: Any, pred: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = await fc.status()
-        if pred(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached; last status {status.summary}")
-        await asyncio.sleep(0.05)  # poll interval, not synchronisation
+from tests.workflow.harness import cluster, default_options, eventually_status, job, node
 
 
 async def _persists(fc: Any) -> list[ac.PersistIn]:
@@ -78,7 +65,7 @@ async def test_a_node_added_for_a_pending_gpu_job_goes_to_it_not_to_higher_prior
         assert (await fc.submit_job(web)).pending == 8
 
         await fc.register_nodes([_h100("h100")])
-        await _eventually(fc, lambda s: s.summary.nodes == 3 and s.summary.bound >= 9)
+        await eventually_status(fc, lambda s: s.summary.nodes == 3 and s.summary.bound >= 9)
 
         (joined,) = [p for p in await _persists(fc) if any(n.id == "h100" for n in p.nodes_upsert)]
         bound = {(r[0], r[2]): r for r in joined.bind}
@@ -107,23 +94,23 @@ async def test_gpu_shares_are_placed_on_one_device_persisted_and_reloaded_exactl
         await fc.register_nodes([node("g", cpu=16_000, memory=65_536, gpus=2)])
         share = _gpu_job("share", cpu=500, memory=512, gpu={"count": 1, "milli": 300}, replicas=3)
         await fc.submit_job(share)
-        await _eventually(fc, lambda s: s.summary.bound == 3)
+        await eventually_status(fc, lambda s: s.summary.bound == 3)
         first = store.assignments(fc.cluster)
         assert {(a.node, tuple(a.gpu_ids), a.gpu_milli) for a in first} == {("g", ("gpu0",), 300)}
         generation = (await fc.status()).summary.generation
 
         for i in range(3):  # passes that change nothing for the shares: new runs
             await fc.register_nodes([node(f"cpu{i}")])
-            await _eventually(fc, lambda s, n=2 + i: s.summary.nodes == n)
+            await eventually_status(fc, lambda s, n=2 + i: s.summary.nodes == n)
         assert (await fc.status()).summary.generation >= generation + 1, "no new run"
         assert store.assignments(fc.cluster) == first  # reloaded, nothing moved
 
         # the reloaded run knows gpu0 has 100 milli left: three more go to gpu1
         await fc.scale("share", "main", 6)
-        await _eventually(fc, lambda s: s.summary.bound == 6)
+        await eventually_status(fc, lambda s: s.summary.bound == 6)
         # and a seventh finds no device with 300 milli free
         await fc.scale("share", "main", 7)
-        s = await _eventually(fc, lambda s: s.summary.pending == 1)
+        s = await eventually_status(fc, lambda s: s.summary.pending == 1)
         assert s.summary.bound == 6
         (pending,) = s.pending
         assert pending.workload_id == "share/main/6"

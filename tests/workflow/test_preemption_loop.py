@@ -4,10 +4,6 @@ explanations published, and the history replays (under the ``preemption`` patch)
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Any
-
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -15,19 +11,8 @@ from temporalio.worker import Replayer
 from forge.wire import activity_contract as ac
 from forge.wire.codec import data_converter
 from tests.e2e.procs import assert_store_is_the_workflows
-from tests.workflow.harness import cluster, job, node
+from tests.workflow.harness import cluster, eventually_status, job, node
 from workflows.cluster import ClusterWorkflow
-
-
-async def _eventually(fc: Any, pred: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = await fc.status()
-        if pred(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached; last status {status.summary}")
-        await asyncio.sleep(0.05)  # poll interval, not synchronisation
 
 
 async def test_a_priority_90_job_on_a_full_cluster_preempts_in_one_delta_and_says_so(
@@ -39,7 +24,7 @@ async def test_a_priority_90_job_on_a_full_cluster_preempts_in_one_delta_and_say
         assert low.bound == 8
         urgent = await fc.submit_job(job("urgent", replicas=2, cpu=2000, memory=512, priority=90))
         assert (urgent.bound, urgent.pending) == (2, 0)
-        status = await _eventually(fc, lambda s: s.summary.bound == 6)
+        status = await eventually_status(fc, lambda s: s.summary.bound == 6)
         assert status.preemptions == 4 and status.summary.pending == 4
 
         persists: list[ac.PersistIn] = []

@@ -3,7 +3,6 @@ continue-as-new, and validators that keep bad input out of history."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -15,7 +14,7 @@ from forge.core.reconcile import ReconcileOptions
 from forge.stores import TaskReport
 from forge.wire import activity_contract as ac
 from tests.e2e.procs import assert_store_is_the_workflows
-from tests.workflow.harness import cluster, default_options, job, node
+from tests.workflow.harness import cluster, default_options, eventually_status, job, node
 
 
 async def _pending(fc, wid):
@@ -45,7 +44,7 @@ async def test_backoff_timers_fire_doubling_then_place_when_capacity_appears(
         assert attempts == sorted(attempts) and attempts[-1] > attempts[0]
         # a node joins: the replica is placed at once, without waiting out its backoff
         await fc.register_nodes([node("big-node", cpu=8000)])
-        await _eventually(fc, lambda s: s.summary.bound == 1 and s.summary.pending == 0)
+        await eventually_status(fc, lambda s: s.summary.bound == 1 and s.summary.pending == 0)
 
 
 async def test_backoff_delays_double_up_to_the_cap(skipping_env: WorkflowEnvironment) -> None:
@@ -75,17 +74,6 @@ async def _now(fc) -> float:
     status = await fc.status()
     assert status.summary.last_pass_at is not None
     return status.summary.last_pass_at
-
-
-async def _eventually(fc, pred, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        status = await fc.status()
-        if pred(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached; last status {status.summary}")
-        await asyncio.sleep(0.05)  # poll interval, not synchronisation
 
 
 async def test_autoscale_scales_up_then_respects_cooldown(
@@ -143,7 +131,7 @@ async def test_continue_as_new_keeps_state_and_loses_no_signal(
         for i in range(30, 40):
             await fc.register_nodes([node(f"n{i:02d}")])
         await fc.submit_job(job("batch", replicas=20, cpu=500))
-        s = await _eventually(fc, lambda s: s.summary.nodes == 40 and s.summary.pending == 0)
+        s = await eventually_status(fc, lambda s: s.summary.nodes == 40 and s.summary.pending == 0)
         assert s.summary.bound == 60
         desc = await fc.handle().describe()
         assert desc.run_id != first, "no continue-as-new happened"
@@ -170,7 +158,7 @@ async def test_continue_as_new_moves_no_replica_and_keeps_gpu_ids(
         # three 0.3-GPU shares: one device between them, its share held on reload
         share = {"cpu": 500, "memory": 512, "gpu": {"count": 1, "milli": 300}}
         await fc.submit_job(job("share", replicas=3, tasks=[{"name": "t", "resources": share}]))
-        await _eventually(fc, lambda s: s.summary.bound == 12 and s.summary.pending == 0)
+        await eventually_status(fc, lambda s: s.summary.bound == 12 and s.summary.pending == 0)
         shared = [a for a in store.assignments(fc.cluster) if a.job == "share"]
         assert {a.gpu_milli for a in shared} == {300}
         assert len({(a.node, a.gpu_ids) for a in shared}) == 1, "three shares, one device"
@@ -179,7 +167,7 @@ async def test_continue_as_new_moves_no_replica_and_keeps_gpu_ids(
         generation = (await fc.status()).summary.generation
         for i in range(6):  # a pass each, changing nothing for the GPU jobs: several runs
             await fc.register_nodes([node(f"cpu{i}")])
-            s = await _eventually(fc, lambda s, n=5 + i: s.summary.nodes == n)
+            s = await eventually_status(fc, lambda s, n=5 + i: s.summary.nodes == n)
         assert s.summary.generation >= generation + 2, "no continue-as-new happened"
         after = {(a.workload_id, a.node, tuple(a.gpu_ids)) for a in store.assignments(fc.cluster)}
         assert after == before

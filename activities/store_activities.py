@@ -92,16 +92,26 @@ def within_bytes(items: list[_Item], size: Callable[[_Item], int], budget: int =
 _JOB_KEYS = frozenset(("id", "name", "priority", "groups"))
 
 
-def compact_specs(rows: list[tuple[int, str, str | None]], revision: int, more: bool) -> JobsPage:
+def compact_specs(
+    rows: list[tuple[int, str, str | None]], revision: int, more: bool, budget: int = PAGE_BYTES
+) -> JobsPage:
     """Stored job specs as a compact page, parsing each distinct group once: a new
     run reloads every job, and 50,000 jobs of 30 shapes are 30 groups to validate,
     not 50,000 jobs. A spec that is not the plain shape a store writes (another
     key, a group that does not validate) goes through ``Job`` whole, so what the
-    page holds what a page of validated jobs would."""
+    page holds what a page of validated jobs would.
+
+    The page is cut at ``budget`` bytes of what it carries (rows and each distinct
+    group once), not of the specs it was made from: jobs of a few shapes make
+    pages of thousands of rows, so a reload is a few round trips, not dozens."""
     index: dict[str, int] = {}
     groups: list[TaskGroup] = []
     out: list[JobRow] = []
+    size = 0
     for rev, job_id, spec in rows:
+        if out and size > budget:
+            return JobsPage(groups=groups, rows=out, revision=out[-1][0], more=True)
+        size += 48 + 2 * len(job_id)  # a row: revision, id, name, priority, indexes
         if spec is None:
             out.append((rev, job_id, None, 0, []))
             continue
@@ -116,7 +126,9 @@ def compact_specs(rows: list[tuple[int, str, str | None]], revision: int, more: 
             and isinstance(data["groups"], list)
         )
         if not plain:
+            known = len(groups)
             out.append(_row(rev, job_id, Job.model_validate_json(spec), index, groups))
+            size += sum(len(g.model_dump_json()) for g in groups[known:])
             continue
         idx = []
         for g in data["groups"]:
@@ -125,6 +137,7 @@ def compact_specs(rows: list[tuple[int, str, str | None]], revision: int, more: 
             if at is None:
                 at = index[key] = len(groups)
                 groups.append(TaskGroup.model_validate_json(key))
+                size += len(key)
             idx.append(at)
         out.append((rev, job_id, name, priority, idx))
     return JobsPage(groups=groups, rows=out, revision=revision, more=more)
@@ -148,10 +161,6 @@ def _bind_row(a: AssignmentRow) -> BindRow:
     if a.version:
         return (*row, a.gpu_milli, a.version)
     return (*row, a.gpu_milli) if a.gpu_milli else row
-
-
-def _spec_len(row: tuple[int, str, str | None]) -> int:
-    return 64 + len(row[2] or "")
 
 
 def _json_len(item: BaseModel) -> int:
@@ -239,12 +248,7 @@ class StoreActivities:
     @heartbeating
     def job_changes(self, req: JobChangesIn) -> JobsPage:
         page = self.store.job_spec_changes(req.cluster, req.since, req.limit)
-        keep = within_bytes(page.rows, _spec_len)
-        rows, revision, more = page.rows, page.revision, page.more
-        if keep < len(rows):
-            rows = rows[:keep]
-            revision, more = rows[-1][0], True
-        return compact_specs(rows, revision, more)
+        return compact_specs(page.rows, page.revision, page.more)
 
     @activity.defn(name=ACT_WRITE_JOBS)
     @heartbeating

@@ -106,7 +106,7 @@ PENDING_SHOWN = 200
         "| history bytes per run | 8 MiB | `max_history_bytes` |",
         "| 2,000,000 | `max_replay_cost` |",
         "| backoff entries carried to the next run | 10,000 | `carry_backoff_limit` |",
-        "| 2,000 / 5,000 / 5,000 / 5,000 | `job_page`, `snapshot_page`, `report_page` |",
+        "| 5,000 / 5,000 / 5,000 / 5,000 | `job_page`, `snapshot_page`, `report_page` |",
     ],
 )
 def test_the_documented_numbers_are_the_ones_in_docs_limits_md(phrase: str) -> None:
@@ -465,7 +465,7 @@ def test_the_run_limits_default_to_their_documented_values() -> None:
         8 * MIB,
     )
     assert (o.max_replay_cost, o.carry_backoff_limit) == (2_000_000, 10_000)
-    assert (o.job_page, o.snapshot_page, o.report_page) == (2000, 5000, 5000)
+    assert (o.job_page, o.snapshot_page, o.report_page) == (5000, 5000, 5000)
     assert o.max_passes_per_run == 0
 
 

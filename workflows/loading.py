@@ -77,6 +77,8 @@ async def load_jobs(st: LoopState) -> None:
         page = await acts.job_changes(
             ac.JobChangesIn(cluster=st.cluster, since=st.jobs_revision, limit=st.opts.job_page)
         )
+        # each distinct group of the page shared once, before its jobs are built
+        page.groups[:] = [st.shared.group(g) for g in page.groups]
         for job_id, job in page.jobs():
             if not full:
                 st.job_changed(job_id, job)

@@ -285,6 +285,8 @@ class TaskGroup(Evolving):
 
     @model_validator(mode="after")
     def _one_spread_per_label(self) -> Self:
+        if len(self.spread) < 2:
+            return self  # the common case, without a list per group
         labels = [r.label for r in self.spread]
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
@@ -390,6 +392,8 @@ class Job(Evolving):
 
     @model_validator(mode="after")
     def _unique_groups(self) -> Self:
+        if len(self.groups) < 2:
+            return self
         names = [g.name for g in self.groups]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

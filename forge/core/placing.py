@@ -419,35 +419,38 @@ def to_visit(
         keys = set(queue.incomplete)
         keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
         keys.update((b.job, b.group) for b in dropped)
-    carried = queue.order
-    entries: list[tuple[GroupOrder, GroupKey]]
-    if carried is None or queue.incomplete is None:
-        entries = [(o, key) for key in keys if (o := _order(groups, key, version)) is not None]
-    else:
-        moved = set(changed_jobs)
-        entries = [e for e in carried if e[1][0] not in moved] if moved else list(carried)
-        known = {key for _, key in entries}
-        entries.extend(
-            (o, key)
-            for key in sorted(keys - known)
-            if (o := _order(groups, key, version)) is not None
-        )
-    entries.sort()  # the carried part is in order already: a merge, not a sort
+    # Fully bound groups leave first, before any is ordered: after a continue-as-new
+    # every group is a key, and ordering (then sorting) 50,000 groups to keep the
+    # few thousand incomplete ones was most of a new run's first pass.
     if isinstance(bound, Bound):  # the carry's index, read without a call per group
         held = bound.by_group
-        kept = [
-            (order, key)
-            for order, key in entries
+        wanting = {
+            key
+            for key in keys
             if (entry := groups.get(key)) is not None
             and len(held.get(key) or ()) < entry.spec.scaling.desired
-        ]
+        }
     else:
-        kept = [
-            (order, key)
-            for order, key in entries
+        wanting = {
+            key
+            for key in keys
             if (entry := groups.get(key)) is not None
             and bound.get(key, 0) < entry.spec.scaling.desired
-        ]
+        }
+    carried = queue.order
+    kept: list[tuple[GroupOrder, GroupKey]]
+    if carried is None or queue.incomplete is None:
+        kept = [(o, key) for key in wanting if (o := _order(groups, key, version)) is not None]
+    else:
+        moved = set(changed_jobs)
+        kept = [e for e in carried if e[1] in wanting and e[1][0] not in moved]
+        known = {key for _, key in kept}
+        kept.extend(
+            (o, key)
+            for key in sorted(wanting - known)
+            if (o := _order(groups, key, version)) is not None
+        )
+    kept.sort()  # the carried part is in order already: a merge, not a sort
     queue.visiting = kept  # for ordered(), at the end of the pass
     return [(order[0], key) for order, key in kept]
 

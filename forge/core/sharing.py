@@ -23,26 +23,32 @@ class SharedGroups:
     group replaced by the first equal group seen (the job itself when nothing
     changes)."""
 
-    __slots__ = ("_by_json", "limit")
+    __slots__ = ("_by_json", "_kept", "limit")
 
     def __init__(self, limit: int = MAX_SHARED) -> None:
         self._by_json: dict[str, TaskGroup] = {}
+        # the kept groups by identity: a group that is already the shared one
+        # answers without a dump (the table holds it, so its id stays its own)
+        self._kept: dict[int, TaskGroup] = {}
         self.limit = limit
 
     def __len__(self) -> int:
         return len(self._by_json)
 
+    def group(self, g: TaskGroup) -> TaskGroup:
+        """The shared group equal to ``g`` (``g`` itself when it is the first)."""
+        if self._kept.get(id(g)) is g:
+            return g
+        key = g.model_dump_json()
+        same = self._by_json.get(key)
+        if same is None:
+            if len(self._by_json) < self.limit:
+                self._by_json[key] = g
+                self._kept[id(g)] = g
+            same = g
+        return same
+
     def share(self, job: Job) -> Job:
-        table = self._by_json
-        shared: list[TaskGroup] = []
-        changed = False
-        for g in job.groups:
-            key = g.model_dump_json()
-            same = table.get(key)
-            if same is None:
-                if len(table) < self.limit:
-                    table[key] = g
-                same = g
-            changed |= same is not g
-            shared.append(same)
-        return job.model_copy(update={"groups": tuple(shared)}) if changed else job
+        shared = tuple(self.group(g) for g in job.groups)
+        changed = any(a is not b for a, b in zip(shared, job.groups, strict=True))
+        return job.model_copy(update={"groups": shared}) if changed else job

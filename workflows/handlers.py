@@ -150,9 +150,9 @@ class Handlers:
 
     @submit_job.validator
     def _validate_submit(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.SubmitJob, raw)
         # Jobs may arrive before any node: they wait, pending, with reasons.
-        self._refuse_if_busy()
         if not req.job.groups:
             raise refuse("job has no groups")
 
@@ -180,8 +180,8 @@ class Handlers:
 
     @submit_jobs.validator
     def _validate_submit_jobs(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.SubmitJobs, raw)
-        self._refuse_if_busy()
         size = sum(json_size(j) for j in req.jobs)
         if size > MAX_BATCH_BYTES:
             raise refuse(
@@ -211,8 +211,8 @@ class Handlers:
 
     @scale.validator
     def _validate_scale(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.ScaleGroup, raw)
-        self._refuse_if_busy()
         if not self.ready:
             return  # checked again by the handler once the state is loaded
         job = self.queue.current(req.job_id, self.st.jobs)
@@ -233,8 +233,8 @@ class Handlers:
 
     @stop_job.validator
     def _validate_stop(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.StopJob, raw)
-        self._refuse_if_busy()
         if self.ready and self.queue.current(req.job_id, self.st.jobs) is None:
             raise not_found(f"unknown job {req.job_id!r}")
 
@@ -250,8 +250,8 @@ class Handlers:
 
     @drain_node.validator
     def _validate_drain(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.DrainNode, raw)
-        self._refuse_if_busy()
         if not self.ready:
             return
         node = self.st.nodes.get(req.node_id)
@@ -279,8 +279,8 @@ class Handlers:
 
     @report_failed.validator
     def _validate_report(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.ReportFailed, raw)
-        self._refuse_if_busy()
         if not self.ready:
             return
         unknown = [w for w in req.workload_ids if w not in self.st.bindings]
@@ -303,8 +303,8 @@ class Handlers:
 
     @promote.validator
     def _validate_promote(self, raw: RawValue) -> None:
+        self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.Promote, raw)
-        self._refuse_if_busy()
         if self.ready:
             self._promotable(req)
 
@@ -338,6 +338,11 @@ class Handlers:
         would keep one run growing past the server's limits (2,000 updates, then
         51,200 events): the server then refuses every update. A refused update
         leaves nothing in history and the client retries it, reaching the next run.
+
+        Checked before the argument is parsed: while a run waits to continue as new,
+        the in-flight batches of a big submission come back every half second, and
+        parsing 1,000 jobs to refuse them took most of the loop's thread (the loop
+        it was waiting for then took longer to get idle).
         """
         if self._continue_as_new_due():
             raise busy()

@@ -273,8 +273,11 @@ class StoreActivities:
         started = time.perf_counter()
         try:
             result = self.store.apply_delta(req.cluster, Fence(req.generation, req.pass_no), delta)
-            if req.plan_seconds is not None:  # into history, for the next pass's budget
-                result = result.model_copy(update={"plan_seconds": req.plan_seconds})
+            if req.plan_seconds is not None or req.work_seconds is not None:
+                # into history: the next pass's budget, the run's replay time
+                result = result.model_copy(
+                    update={"plan_seconds": req.plan_seconds, "work_seconds": req.work_seconds}
+                )
         except StaleFenceError as err:
             activity.metric_meter().create_counter(
                 "forge_persist_refused", "persists refused by the fence"

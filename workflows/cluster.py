@@ -214,6 +214,7 @@ class ClusterWorkflow(Presentation):
             update["gangs"] = False  # a history recorded before gangs
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
+        self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)
         if work and self.adaptive and self.st.pass_budget:
             # as long as the recorded timings say (never above the watchdog's)
             work = min(work, self.st.pass_budget)
@@ -364,7 +365,11 @@ class ClusterWorkflow(Presentation):
         if self.adaptive:
             with workflow.unsafe.sandbox_unrestricted():  # the activity hands it back
                 seconds = clocks.plan_clock() - self.plan_started
-            persist = persist.model_copy(update={"plan_seconds": round(seconds, 4)})
+            timed: dict[str, float] = {"plan_seconds": round(seconds, 4)}
+            if self.replay_timed:
+                timed["work_seconds"] = round(self.st.unrecorded, 4)
+                self.st.unrecorded = 0.0
+            persist = persist.model_copy(update=timed)
         try:
             result = await acts.persist(persist, summary=summary)
         except acts.LoopActivityFailed as err:  # what is not handled fails the task
@@ -381,6 +386,8 @@ class ClusterWorkflow(Presentation):
                 f"pass {persist.pass_no}: store applied digest {result.digest}, this code "
                 f"planned {expected}; workflow code changed without workflow.patched?"
             )
+        if self.replay_timed:  # recorded figures only: a replay counts the same
+            self.replay_seconds += (result.plan_seconds or 0.0) + (result.work_seconds or 0.0)
         if self.adaptive and result.plan_seconds is not None:
             # from history, never this worker's clock: a replay plans the same passes
             self.st.pass_budget = next_budget(

@@ -26,7 +26,7 @@ from workflows.inputs import (
     update_arg,
 )
 from workflows.queue import JobQueue
-from workflows.state import LoopState
+from workflows.state import LoopState, worker_clock
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import MAX_BATCH_BYTES, Job, NodeState, workload_id
@@ -56,6 +56,10 @@ class Handlers:
         # Replicas examined by this run's passes: a worker that takes the workflow
         # over replays every pass, so the run ends before replay gets slow.
         self.replay_cost = 0
+        # The recorded seconds of this run's workflow work (workflows.patches.
+        # REPLAY_SECONDS: on once a pass has asked; the handlers read the flag)
+        self.replay_seconds = 0.0
+        self.replay_timed = False
         self.updates = 0  # accepted in this run
         # update id -> the batch and its JSON size, as the validator parsed them
         self._validated: dict[str, tuple[c.SubmitJobs, int]] = {}
@@ -68,6 +72,7 @@ class Handlers:
             or info.get_current_history_length() >= opts.max_history_events
             or info.get_current_history_size() >= opts.max_history_bytes
             or self.replay_cost >= opts.max_replay_cost
+            or (self.replay_timed and self.replay_seconds >= opts.max_replay_seconds)
             or self.updates >= opts.max_updates_per_run  # the server refuses past 2,000
             or bool(limit and self.st.passes >= limit)
         )
@@ -181,8 +186,10 @@ class Handlers:
     @submit_jobs.validator
     def _validate_submit_jobs(self, raw: RawValue) -> None:
         self._refuse_if_busy()  # first: a refused update costs no parse
+        started = worker_clock()
         req = update_arg(c.SubmitJobs, raw)
         size = sum(json_size(j) for j in req.jobs)
+        self.st.unrecorded += worker_clock() - started  # replayed too: recorded by a persist
         if size > MAX_BATCH_BYTES:
             raise refuse(
                 f"{len(req.jobs)} jobs of {size / 1024:,.0f} KiB as JSON in one update; the "

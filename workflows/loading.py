@@ -10,7 +10,7 @@ from temporalio import workflow
 
 from workflows import activities as acts
 from workflows.queue import JobQueue
-from workflows.state import LoopState, binding_from_row, hash_binding
+from workflows.state import LoopState, binding_from_row, hash_binding, worker_clock
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.autoscale import AutoscaleState, GroupMetrics, decide, next_due
@@ -38,8 +38,10 @@ async def load_nodes(st: LoopState) -> dict[str, Node]:
         page = await acts.snapshot_nodes(
             ac.PageIn(cluster=st.cluster, after=after, limit=st.opts.snapshot_page)
         )
+        started = worker_clock()
         for n in page.nodes:
             nodes[n.id] = n
+        st.unrecorded += worker_clock() - started
         if page.next_after is None:
             return nodes
         after = page.next_after
@@ -55,6 +57,7 @@ async def load_bindings(st: LoopState, carry: Carry | None) -> tuple[dict[str, B
         rows = await acts.snapshot_assignments(
             ac.PageIn(cluster=st.cluster, after=after, limit=st.opts.snapshot_page)
         )
+        started = worker_clock()
         for row in rows.rows:
             b = binding_from_row(row)
             if carry is not None:
@@ -62,6 +65,7 @@ async def load_bindings(st: LoopState, carry: Carry | None) -> tuple[dict[str, B
             else:
                 bindings[workload_id(b.job, b.group, b.ordinal)] = b
             state_sum += hash_binding(b)
+        st.unrecorded += worker_clock() - started
         if rows.next_after is None:
             return bindings, state_sum
         after = rows.next_after
@@ -77,12 +81,14 @@ async def load_jobs(st: LoopState) -> None:
         page = await acts.job_changes(
             ac.JobChangesIn(cluster=st.cluster, since=st.jobs_revision, limit=st.opts.job_page)
         )
+        started = worker_clock()
         # each distinct group of the page shared once, before its jobs are built
         page.groups[:] = [st.shared.group(g) for g in page.groups]
         for job_id, job in page.jobs():
             if not full:
                 st.job_changed(job_id, job)
             put_job(st, jobs, job_id, job)
+        st.unrecorded += worker_clock() - started
         st.jobs_revision = max(st.jobs_revision, page.revision)
         if not page.more:
             break

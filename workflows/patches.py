@@ -13,7 +13,14 @@ workflow can need the old branch, ``workflow.deprecate_patch(ID)`` and then noth
 
 from __future__ import annotations
 
-__all__ = ["ADAPTIVE_BUDGET", "DISRUPTION_BUDGETS", "GANGS", "PREEMPTION", "TOPOLOGY"]
+__all__ = [
+    "ADAPTIVE_BUDGET",
+    "DISRUPTION_BUDGETS",
+    "GANGS",
+    "PREEMPTION",
+    "REPLAY_SECONDS",
+    "TOPOLOGY",
+]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
@@ -38,3 +45,10 @@ TOPOLOGY = "topology-rules"
 #: ``gang: true`` groups placed all or nothing, and released whole when a member is
 #: lost (issue 22, forge.core.placing); runs recorded before place them one by one.
 GANGS = "gang-placement"
+
+#: A run also continues as new once the recorded time of its workflow work (each
+#: pass's planning, and the updates parsed and pages loaded in between, handed back
+#: by the persist activity so history holds them) reaches ``max_replay_seconds``:
+#: a worker taking the run over replays about that much, on a loaded machine too.
+#: Runs recorded before it count replicas examined and jobs submitted only.
+REPLAY_SECONDS = "replay-seconds"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from forge import clocks
     from forge.core.autoscale import AutoscaleState, next_due
     from forge.core.models import AssignmentStatus, Job, Node, NodeState
     from forge.core.placement import Binding
@@ -26,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.wire import contract as c
     from forge.wire import views
 
-__all__ = ["LoopState", "binding_from_row", "binding_row", "hash_binding"]
+__all__ = ["LoopState", "binding_from_row", "binding_row", "hash_binding", "worker_clock"]
 
 
 @dataclass(eq=False)
@@ -87,6 +88,10 @@ class LoopState:
     # one object per distinct group spec, shared by the jobs that have it: the
     # cluster's jobs cost a record each, not a dozen tracked objects (kept per run)
     shared: SharedGroups = field(default_factory=SharedGroups)
+    # seconds of workflow work (updates parsed, pages loaded) measured since the last
+    # persist, which carries them into history (workflows.patches.REPLAY_SECONDS);
+    # a measurement, never read for a decision until the activity hands it back
+    unrecorded: float = 0.0
     # replicas preempted so far, and the most recent preemptions (status, explain)
     preemptions: int = 0
     recent_preemptions: list[c.PreemptionView] = field(default_factory=list)
@@ -325,3 +330,10 @@ def binding_from_row(row: ac.BindRow) -> Binding:
         gpu_milli=row[8] if len(row) > 8 else 0,
         version=str(row[-1]) if len(row) == 10 else "",
     )
+
+
+def worker_clock() -> float:
+    """The worker's clock, for measurements only: what they feed a decision comes
+    back through an activity's result, so a replay reads the recorded figure."""
+    with workflow.unsafe.sandbox_unrestricted():
+        return clocks.plan_clock()

@@ -136,6 +136,8 @@ class ApplyResult(_Wire):
     #: the persist activity's echo of ``PersistIn.plan_seconds`` (forge.core.budget):
     #: what the pass's planning took, recorded in history; absent from stores' results
     plan_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: the echo of ``PersistIn.work_seconds`` (workflows.patches.REPLAY_SECONDS)
+    work_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TaskReport(_Wire):

@@ -161,6 +161,10 @@ class PersistIn(_Msg):
     #: how long the pass's planning activation ran (wall clock, measured by the
     #: worker): returned in the result, so history holds it (forge.core.budget)
     plan_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: the run's other workflow work since the last persist (updates parsed, pages
+    #: loaded), measured the same way and returned the same way: what a replay of
+    #: the run costs, counted by time (workflows.patches.REPLAY_SECONDS)
+    work_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class WatchIn(_Msg):

@@ -177,6 +177,11 @@ class ClusterOptions(_Msg):
         ge=1,
         description="continue-as-new after passes examined this many replicas",
     )
+    max_replay_seconds: float = Field(
+        default=3.0,
+        gt=0,
+        description="continue-as-new once the run's recorded workflow work took this long",
+    )
     max_updates_per_run: int = Field(
         default=1000, ge=1, description="continue-as-new after this many updates (server cap 2,000)"
     )

@@ -16,7 +16,7 @@ from temporalio.worker import Replayer
 
 from forge import clocks
 from forge.wire.codec import data_converter
-from tests.workflow.harness import cluster, job, node
+from tests.workflow.harness import cluster, default_options, job, node
 from workflows.cluster import ClusterWorkflow
 
 
@@ -34,7 +34,9 @@ def _clock(step: float) -> Iterator[None]:
 async def _run(env: WorkflowEnvironment, *, step: float) -> tuple[Any, int]:
     """25,000 replicas on 200 nodes: ~425,000 units of placement, more than one pass
     at the default budget. Returns the history and the passes it took."""
-    async with cluster(env.client) as (fc, _store):
+    # one run (the replay-seconds rule would end a slow worker's runs: its own test)
+    options = default_options(max_replay_seconds=1e6)
+    async with cluster(env.client, options=options) as (fc, _store):
         with _clock(step):
             await fc.register_nodes([node(f"n{i:03d}", cpu=64_000) for i in range(200)])
             await fc.submit_jobs(

@@ -97,6 +97,12 @@ class Placing:
         self.held_back: list[Wanted] = []
         self.wanted: list[Wanted] = []
         self.deferred: list[Deferred] = []
+        #: where in ``visit`` the budget stopped the pass: the groups from here on
+        #: were deferred whole, untouched (None: every group was visited)
+        self.stop: int | None = None
+        #: the groups deferred whole from ``stop`` on, and their replicas left
+        self.tail: list[GroupKey] = []
+        self.tail_left = 0
         # one shared instance: 100,000 deferred replicas are cheap
         self._deferred_entry = PendingEntry(
             kind="deferred",
@@ -123,18 +129,32 @@ class Placing:
         # there is none: the rest of the pass may use all the cpu and memory (else a
         # tight cluster whose GPUs are not all wanted would leave work pending).
         lift_checked = not placer.reserving  # checked once, as a walk would
-        stopped = False
-        for order, key in visit:
+        for i, (order, key) in enumerate(visit):
             if not lift_checked and (last_asking is None or order > last_asking):
                 lift_checked = True  # past the last job asking GPUs
                 if placer.reserving and not self.gpu_waiting:
                     placer.lift_reservation()
-            entry = groups[key]
-            if stopped:
-                left = entry.spec.scaling.desired - bound.get(key, 0)
-                self.deferred.append(Deferred(entry.job.id, entry.spec.name, left))
+            if self._group(groups[key], bound.get(key, 0)):
+                self.stop = i + 1
+                break
+        if self.stop is not None and self.stop < len(visit):
+            # The rest is deferred whole, in one sweep with nothing else per group
+            # (a pass behind a big backlog costs its budget, not the backlog's
+            # length); the reservation is lifted as a walk through them would.
+            tail = visit[self.stop :]
+            past = last_asking is None or tail[-1][0] > last_asking
+            if not lift_checked and past and placer.reserving and not self.gpu_waiting:
+                placer.lift_reservation()
+            self.tail = [key for _, key in tail]
+            if isinstance(bound, Bound):
+                held = bound.by_group
+                self.tail_left = sum(
+                    groups[key].spec.scaling.desired - len(held.get(key) or ()) for key in self.tail
+                )
             else:
-                stopped = self._group(entry, bound.get(key, 0))
+                self.tail_left = sum(
+                    groups[key].spec.scaling.desired - bound.get(key, 0) for key in self.tail
+                )
         self._retry_held_back()
 
     def _group(self, entry: Group, bound: int) -> bool:
@@ -413,41 +433,45 @@ def to_visit(
     the groups of changed jobs (whose order may have moved) and those that lost a
     binding are placed among them, so a pass behind a big backlog does not sort the
     whole backlog again."""
-    if queue.incomplete is None:
-        keys: set[GroupKey] = set(groups)
-    else:
-        keys = set(queue.incomplete)
-        keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
-        keys.update((b.job, b.group) for b in dropped)
-    # Fully bound groups leave first, before any is ordered: after a continue-as-new
-    # every group is a key, and ordering (then sorting) 50,000 groups to keep the
-    # few thousand incomplete ones was most of a new run's first pass.
-    if isinstance(bound, Bound):  # the carry's index, read without a call per group
-        held = bound.by_group
-        wanting = {
-            key
-            for key in keys
-            if (entry := groups.get(key)) is not None
-            and len(held.get(key) or ()) < entry.spec.scaling.desired
-        }
-    else:
-        wanting = {
+
+    def wanting(keys: Iterable[GroupKey]) -> list[GroupKey]:
+        """Those of ``keys`` with fewer bindings than replicas desired."""
+        if isinstance(bound, Bound):  # the carry's index, read without a call per group
+            held = bound.by_group
+            return [
+                key
+                for key in keys
+                if (entry := groups.get(key)) is not None
+                and len(held.get(key) or ()) < entry.spec.scaling.desired
+            ]
+        return [
             key
             for key in keys
             if (entry := groups.get(key)) is not None
             and bound.get(key, 0) < entry.spec.scaling.desired
-        }
-    carried = queue.order
+        ]
+
+    carried, last = queue.order, queue.incomplete
     kept: list[tuple[GroupOrder, GroupKey]]
-    if carried is None or queue.incomplete is None:
-        kept = [(o, key) for key in wanting if (o := _order(groups, key, version)) is not None]
+    if carried is None or last is None:
+        # every group a key (after a continue-as-new): the fully bound ones leave
+        # before any is ordered, so a new run's first pass sorts only the incomplete
+        keys = set(groups) if last is None else set(last)
+        if last is not None:
+            keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
+            keys.update((b.job, b.group) for b in dropped)
+        kept = [(o, k) for k in wanting(keys) if (o := _order(groups, k, version)) is not None]
     else:
+        # The carried groups were incomplete when the last pass ended, and only a
+        # pass binds: they still are, unless their job changed (then it is ordered
+        # again like any new key). Only the new keys are looked at, not the backlog.
         moved = set(changed_jobs)
-        kept = [e for e in carried if e[1] in wanting and e[1][0] not in moved]
-        known = {key for _, key in kept}
+        kept = [e for e in carried if e[1][0] not in moved] if moved else list(carried)
+        extra = {(j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups}
+        extra.update((b.job, b.group) for b in dropped if (b.job, b.group) not in last)
         kept.extend(
             (o, key)
-            for key in sorted(wanting - known)
+            for key in wanting(sorted(extra))
             if (o := _order(groups, key, version)) is not None
         )
     kept.sort()  # the carried part is in order already: a merge, not a sort
@@ -498,6 +522,8 @@ def incomplete(
 def defer_groups(
     plan: Plan,
     deferred: list[Deferred],
+    tail: list[GroupKey],
+    tail_left: int,
     groups: Groups,
     pending: Mapping[str, PendingEntry],
     failures: Mapping[str, FailureHistory],
@@ -511,6 +537,7 @@ def defer_groups(
     earlier entries (backoff attempts, reschedule delays) are kept, and one that
     failed in this very pass still gets its reschedule policy applied."""
     keys = {(d.job, d.group) for d in deferred}
+    keys.update(tail)  # the groups deferred whole, ``tail_left`` replicas in all
     kept = 0
     # the entries a one-by-one pass would have kept: the same rule, waiting()
     for wid in sorted(just_failed) + [w for w in pending if w not in just_failed]:
@@ -527,7 +554,7 @@ def defer_groups(
         if wait is not None and int(ordinal) < entry.spec.scaling.desired:
             plan.pending[wid] = wait
             kept += 1
-    plan.deferred += sum(d.left for d in deferred) - kept
+    plan.deferred += sum(d.left for d in deferred) + tail_left - kept
 
 
 def _attempts(prev: PendingEntry | None) -> int:

@@ -121,10 +121,12 @@ def reconcile(
     preempted: set[GroupKey] = set()
     if placing.wanted and placing.placed < options.max_placements:
         preempted = p.preempt(placing)
-    if placing.deferred:
+    if placing.deferred or placing.tail:
         defer_groups(
             p.plan,
             placing.deferred,
+            placing.tail,
+            placing.tail_left,
             p.groups,
             pending,
             p.failures,
@@ -415,6 +417,7 @@ class _Pass:
             budget=self.budget,
         )
         placing.run(self.visit, queue.last_asking())
+        self.stop: int | None = placing.stop
         return placing
 
     def preempt(self, placing: Placing) -> set[GroupKey]:
@@ -522,9 +525,13 @@ class _Pass:
             else:
                 carry.take_jobs(jobs, self.changed_jobs)
             carry.nodes = dict(self.nodes)
-            keys = [k for _, k in self.visit]
+            # Only the groups the pass got to can have been completed; those it
+            # deferred whole are as incomplete as they were (and stay in order)
+            stop = len(self.visit) if self.stop is None else self.stop
+            keys = [k for _, k in self.visit[:stop]]
             keys.extend(sorted(preempted))  # the victims' groups now miss a replica
             queue.incomplete = incomplete(keys, carry.by_group, groups)
+            queue.incomplete.update(k for _, k in self.visit[stop:])
             queue.order = ordered(queue, queue.incomplete, groups, self.options.placement_version)
         carry.groups = groups
         carry.queue = queue

@@ -30,7 +30,7 @@ from temporalio import workflow
 from workflows import activities as acts
 from workflows import loading, patches
 from workflows.presentation import Presentation, status_json
-from workflows.state import binding_row
+from workflows.state import binding_row, worker_clock
 from workflows.watch import StoreWatch
 
 with workflow.unsafe.imports_passed_through():
@@ -147,7 +147,9 @@ class ClusterWorkflow(Presentation):
         plan, elapsed = self._plan(now)
         if not await self._persist_pass(plan, status_changed, nodes_upsert, nodes_remove, now):
             return  # state was reloaded from the store; plan again
+        started = worker_clock()
         revert = self._commit(plan, status_changed, written, elapsed, now)
+        self.st.unrecorded += worker_clock() - started  # recorded by the next persist
         if revert:
             await self._revert(revert)
 
@@ -399,15 +401,19 @@ class ClusterWorkflow(Presentation):
         return True
 
     async def _write_jobs(self) -> None:
+        st = self.st
+        started = worker_clock()
         queue, ticket = self.queue.take()
-        out = await acts.write_jobs(
-            ac.WriteJobsIn(
-                cluster=self.st.cluster,
-                put=[j for j in queue.values() if j is not None],
-                delete=[i for i, j in queue.items() if j is None],
-            )
+        write = ac.WriteJobsIn(
+            cluster=st.cluster,
+            put=[j for j in queue.values() if j is not None],
+            delete=[i for i, j in queue.items() if j is None],
         )
-        loading.take_own_writes(self.st, queue, out.revision, out.missing)
+        st.unrecorded += worker_clock() - started
+        out = await acts.write_jobs(write)
+        started = worker_clock()
+        loading.take_own_writes(st, queue, out.revision, out.missing)
+        st.unrecorded += worker_clock() - started
         self.st.known_revision = max(self.st.known_revision, out.revision)
         self.queue.written = ticket
 

@@ -178,7 +178,7 @@ class ClusterOptions(_Msg):
         description="continue-as-new after passes examined this many replicas",
     )
     max_replay_seconds: float = Field(
-        default=3.0,
+        default=2.5,
         gt=0,
         description="continue-as-new once the run's recorded workflow work took this long",
     )

@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 import uuid
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -75,13 +74,14 @@ from bench.e2e import (
 from bench.pending import gpu_exhausted, pending_heavy, write_csv
 from forge.client.client import ForgeClient, ensure_search_attributes
 from forge.stores.postgres_conn import parse_postgres_url
-from forge.wire.contract import Summary
+from forge.wire.contract import LoopStatus, Summary
 
 __all__ = ["main"]
 
 #: Where --store postgres makes its database (the fault tests' server; trust auth).
 PG_DEFAULT = os.environ.get("FORGE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_DOWN = 3.0  # seconds PostgreSQL stays stopped under --pg-restart (the fault's length)
+SETTLED_GAP = 10.0  # seconds between faults once the loop has settled (see _faults)
 
 #: Workflow task failures the server causes in normal operation (a completion refused
 #: because new events arrived; a reset): not the loop's.
@@ -277,10 +277,6 @@ async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool
     }  # fmt: skip
 
 
-def _bound_at_least(n: int, s: Summary) -> bool:
-    return s.bound >= n
-
-
 async def _faults(
     env: Env,
     fc: ForgeClient,
@@ -295,24 +291,34 @@ async def _faults(
     the machine's speed: of n faults, the i-th (from 1) once i/(n+2) of the replicas
     are bound and more than at the fault before (the loop recovered and went on).
     Each is recorded with when it happened and how far the loop had got (what it
-    last published; ``settled``: every replica had been tried, nothing deferred)."""
+    last published; ``settled``: every replica had been tried, nothing deferred).
+    A loop that settles first (a small size) gets the rest SETTLED_GAP s apart."""
     done: list[dict[str, Any]] = []
     plan = ["kill"] * kills + ["pg"] * pg_restart
+
+    def settled(doc: LoopStatus | None) -> bool:
+        return doc is not None and doc.summary.desired == total and not doc.deferred
 
     async def record(fault: str, **more: Any) -> None:
         # a read right after the store came back may meet a dead pooled connection
         doc = await poll(fc.published, lambda _: True, limit=60, every=0.5)
         s = doc.summary if doc is not None else Summary.empty()
-        settled = doc is not None and s.desired == total and not doc.deferred
         at = round(time.perf_counter() - t0, 1)
-        more = {"bound": s.bound, "desired": s.desired, "settled": settled, **more}
+        more = {"bound": s.bound, "desired": s.desired, "settled": settled(doc), **more}
         done.append({"fault": fault, "at": at, **more})
         print(f"[chaos] {fault} at {at} s: {more}", flush=True)
 
     for i, fault in enumerate(plan, start=1):
         # and more bound than at the fault before: the loop recovered and went on
         due = max(total * i // (len(plan) + 2), done[-1]["bound"] + 1 if done else 0)
-        await poll(lambda: summary(fc), partial(_bound_at_least, due), limit=1800, every=0.25)
+        last = t0 + (done[-1]["at"] if done else 0.0)
+
+        def now_due(doc: LoopStatus | None, due: int = due, last: float = last) -> bool:
+            if doc is not None and doc.summary.bound >= due:
+                return True
+            return settled(doc) and time.perf_counter() - last >= SETTLED_GAP
+
+        await poll(fc.published, now_due, limit=1800, every=0.25)
         if fault == "kill":
             await record("kill -9 of the worker")
             env.workers[-1].kill9()
@@ -423,7 +429,8 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
         out.append("")
         out.append(
             f"chaos, {r['nodes']:,} nodes / {r['replicas']:,} replicas ({r['store']}): "
-            f"converged {r['converged_seconds']:.1f} s after the submission began; "
+            f"converged {r['converged_seconds']:.1f} s after the submission began "
+            f"(the last fault at {r['faults'][-1]['at']:.1f} s); "
             f"invariant violations {r['invariant_violations']}; jobs and replicas lost "
             f"{r['lost']}; WorkflowTaskFailed {r['task_failures']}{causes}; "
             f"{r['activity_retries']} activity retries; "

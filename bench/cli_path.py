@@ -4,6 +4,7 @@ that is planning, on a real dev server and a real worker.py.
     python -m bench.cli_path                                 # both sizes, ~10 minutes
     python -m bench.cli_path --size 5000x50000               # the GPU-exhausted shape
     python -m bench.cli_path --size 10000x30000x10 --kill 2  # with two kill -9 of the worker
+    python -m bench.cli_path --size 5000x50000 --store postgres --pg-restart
 
 ``NODESxJOBS`` is the shape a user reported the loop stuck on (``bench.pending.
 gpu_exhausted``, as Alibaba CSV: a quarter of the nodes with 1-8 GPUs of three models,
@@ -17,8 +18,23 @@ replica tried, nothing deferred, the bound count steady); WorkflowTaskFailed eve
 and the longest workflow task over every run of the history; continue-as-new count;
 the worker's longest garbage collection (its own log) and peak RSS; then a node
 loss (signal -> every replica of the node bound elsewhere or pending, persisted).
-The invariants are checked at the end (bench.e2e.check_invariants); a violation or a
-failed workflow task makes the run exit 1.
+
+Chaos (RELIABILITY.md, "Chaos at scale"): ``--kill N`` kill -9s the worker N times while
+the loop converges, starting a new worker.py after each, as a supervisor would;
+``--store postgres`` runs the worker on a PostgreSQL database the script creates and
+drops (``--pg``: the server), and ``--pg-restart`` stops PostgreSQL once mid-convergence
+and starts it again PG_DOWN seconds later (pg_ctlcluster). Of n faults, the i-th comes
+once i/(n+2) of the replicas are bound and more than at the fault before, whatever the
+size and the machine's speed. Nothing else is
+done by hand: the CLI, the worker and the loop must carry on by themselves.
+
+After convergence, and again after the node loss, invariants 1-6 and 8 are checked
+over the store (bench.e2e.check_invariants: capacity, GPUs, bound once and ⊆ desired,
+every pending replica fits nowhere and says why, nothing on a lost node, store ==
+workflow state, no job or replica lost) and every run of the history (reset runs
+too) is replayed with the current code (7). A violation, a replay failure or a
+workflow task failure other than the server's own (UNHANDLED_COMMAND,
+RESET_WORKFLOW) makes the run exit 1.
 """
 
 from __future__ import annotations
@@ -33,8 +49,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
 
 from bench.e2e import (
     BIN,
@@ -51,20 +72,73 @@ from bench.e2e import (
     until_converged,
 )
 from bench.pending import gpu_exhausted, pending_heavy, write_csv
-from forge.client.client import ensure_search_attributes
-from forge.stores.sqlite import SqliteStore
+from forge.client.client import ForgeClient, ensure_search_attributes
+from forge.stores.postgres_conn import parse_postgres_url
+from forge.wire.contract import LoopStatus, Summary
 
 __all__ = ["main"]
 
+#: Where --store postgres makes its database (the fault tests' server; trust auth).
+PG_DEFAULT = os.environ.get("FORGE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_DOWN = 3.0  # seconds PostgreSQL stays stopped under --pg-restart (the fault's length)
+SETTLED_GAP = 10.0  # seconds between faults once the loop has settled (see _faults)
 
-def _cli_env(env: Env, name: str, db: Path) -> dict[str, str]:
+#: Workflow task failures the server causes in normal operation (a completion refused
+#: because new events arrived; a reset): not the loop's.
+BENIGN_TASK_FAILURES = ("UNHANDLED_COMMAND", "RESET_WORKFLOW")
+
+
+def _cli_env(env: Env, name: str, store: str) -> dict[str, str]:
     return {
         **os.environ,
         "FORGE_TEMPORAL_ADDRESS": env.server.address,
         "FORGE_CLUSTER": name,
         "FORGE_TASK_QUEUE": name,
-        "FORGE_STORE": f"sqlite:///{db}",
+        "FORGE_STORE": store,
     }
+
+
+def _pg_database(base: str, name: str) -> str:
+    """A fresh database on ``base``'s server; the store URL naming it."""
+    with psycopg.connect(base, autocommit=True, connect_timeout=10) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return urlunsplit(urlsplit(base)._replace(path="/" + name))
+
+
+def _pg_drop(base: str, name: str) -> None:
+    with psycopg.connect(base, autocommit=True, connect_timeout=30) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def _pg_ctl(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+
+
+def _pg_accepts(url: str) -> bool:
+    try:
+        psycopg.connect(parse_postgres_url(url)[0], connect_timeout=2).close()
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _on_node(store: str, cluster: str, node: str) -> int:
+    """Bindings persisted on ``node`` (plain SQL: cheap enough to poll)."""
+    if store.startswith("sqlite:///"):
+        return stored_count(Path(store.removeprefix("sqlite:///")), cluster, node)
+    with psycopg.connect(parse_postgres_url(store)[0], connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM assignments WHERE cluster = %s AND node = %s", (cluster, node)
+        ).fetchone()
+        return int(row[0]) if row else 0
 
 
 def _forge(args: list[str], cli_env: dict[str, str], timeout: float) -> tuple[float, str]:
@@ -105,11 +179,11 @@ def _gc_and_rss(log: Path, pid: int) -> tuple[float, int, float]:
     return longest, count, rss
 
 
-async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
+async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool) -> dict[str, Any]:
+    """One size, on the store URL ``store`` (its database is fresh)."""
     parts = [int(x) for x in size.split("x")]
     name = "cli-" + size.replace("x", "-")
-    db = env.work / f"{name}.db"
-    worker = env.worker(name, db)
+    env.worker(name, store)
     files = env.work / name
     if len(parts) == 2:
         nodes, pods = parts
@@ -123,8 +197,8 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
         jobs_file = files / "jobs.json"
         jobs_file.write_text(json.dumps([j.model_dump(mode="json") for j in w.jobs]))
         total = pods * replicas
-    cli_env = _cli_env(env, name, db)
-    fc = cluster_client(env, name, name, db)
+    cli_env = _cli_env(env, name, store)
+    fc = cluster_client(env, name, name, store)
     added, _ = _forge(["node", "add", "--file", str(nodes_file)], cli_env, timeout=600)
     await poll(lambda: summary(fc), lambda s: s.nodes == nodes, limit=600, every=0.5)
 
@@ -133,42 +207,48 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
     runner = asyncio.create_task(
         asyncio.to_thread(_forge, ["job", "run", str(jobs_file)], cli_env, 1800)
     )
-    killed = 0
-    while kills and killed < kills:
-        await asyncio.sleep(8.0 if killed == 0 else 12.0)  # a fault's timing, not a sync
-        worker.kill9()
-        killed += 1
-        worker = env.worker(name, db)
+    faults = await _faults(env, fc, name, store, total, t0, kills, pg_restart)
     returned, said = await runner
     submit_done = time.perf_counter()
 
     bound, pending, converged = await until_converged(fc, total, t0, limit=1800, every=0.25)
-    store = SqliteStore(db)
-    await check_invariants(fc, store, bound)
+    reads = fc.store
+    assert reads is not None  # cluster_client reads the store, never a query
+    check = {"expect_jobs": len(w.jobs), "expect_desired": total}
+    await check_invariants(fc, reads, bound, **check)
 
     # node loss: the busiest node's replicas bound elsewhere (or pending), persisted
     counts: dict[str, int] = {}
-    for a in store.assignments(name, limit=10_000_000):
+    for a in reads.assignments(name, limit=10_000_000):
         counts[a.node] = counts.get(a.node, 0) + 1
     victim = max(sorted(counts), key=lambda n: counts[n])
     signalled = time.perf_counter()
     await fc.node_lost(victim)  # the signal `forge node lost` sends, without its start-up
     await poll(
-        lambda: asyncio.sleep(0, stored_count(db, name, victim)),
+        lambda: asyncio.to_thread(_on_node, store, name, victim),
         lambda n: n == 0,
         limit=120,
         every=0.02,
     )
     loss = time.perf_counter() - signalled
+    # and the invariants again once the loop has settled after the loss
+    after, _, _ = await until_converged(fc, total, signalled, limit=600, every=0.25)
+    await check_invariants(fc, reads, after, **check)
     hist = await history_stats(env.client, fc.workflow_id)
     replay = await _replay_seconds(env, fc.workflow_id)
+    worker = env.workers[-1]
     longest_gc, long_gcs, rss = _gc_and_rss(env.work / f"{name}.log", worker.proc.pid)
-    store.close()
-    if hist.task_failures and not kills:
-        raise BenchFailure(f"{name}: {hist.task_failures} WorkflowTaskFailed events")
+    reads.close()
+    failed = {k: n for k, n in hist.failure_causes.items() if k not in BENIGN_TASK_FAILURES}
+    if failed:
+        raise BenchFailure(f"{name}: WorkflowTaskFailed events {failed}")
+    if any(r.get("failure") for r in replay):
+        raise BenchFailure(f"{name}: a run's history does not replay: {replay}")
     return {
         "size": size,
+        "store": store.partition(":")[0],
         "nodes": nodes,
+        "jobs": len(w.jobs),
         "replicas": total,
         "node_add_seconds": round(added, 2),
         "job_run_returned": round(returned, 2),
@@ -178,7 +258,12 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
         "bound": bound,
         "pending": pending,
         "kills": kills,
+        "faults": faults,
+        "invariant_violations": 0,  # checked twice above: any violation raised
+        "lost": 0,  # jobs and replicas (checked with the invariants)
         "task_failures": hist.task_failures,
+        "failure_causes": hist.failure_causes,
+        "activity_retries": hist.activity_retries,
         "longest_task": round(hist.longest_task, 3),
         "longest_woken_by": hist.longest_woken_by,
         "tasks": hist.tasks,
@@ -192,13 +277,74 @@ async def run_size(env: Env, size: str, kills: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _faults(
+    env: Env,
+    fc: ForgeClient,
+    name: str,
+    store: str,
+    total: int,
+    t0: float,
+    kills: int,
+    pg_restart: bool,
+) -> list[dict[str, Any]]:
+    """Inject the faults asked for while the loop converges, whatever the size and
+    the machine's speed: of n faults, the i-th (from 1) once i/(n+2) of the replicas
+    are bound and more than at the fault before (the loop recovered and went on).
+    Each is recorded with when it happened and how far the loop had got (what it
+    last published; ``settled``: every replica had been tried, nothing deferred).
+    A loop that settles first (a small size) gets the rest SETTLED_GAP s apart."""
+    done: list[dict[str, Any]] = []
+    plan = ["kill"] * kills + ["pg"] * pg_restart
+
+    def settled(doc: LoopStatus | None) -> bool:
+        return doc is not None and doc.summary.desired == total and not doc.deferred
+
+    async def record(fault: str, **more: Any) -> None:
+        # a read right after the store came back may meet a dead pooled connection
+        doc = await poll(fc.published, lambda _: True, limit=60, every=0.5)
+        s = doc.summary if doc is not None else Summary.empty()
+        at = round(time.perf_counter() - t0, 1)
+        more = {"bound": s.bound, "desired": s.desired, "settled": settled(doc), **more}
+        done.append({"fault": fault, "at": at, **more})
+        print(f"[chaos] {fault} at {at} s: {more}", flush=True)
+
+    for i, fault in enumerate(plan, start=1):
+        # and more bound than at the fault before: the loop recovered and went on
+        due = max(total * i // (len(plan) + 2), done[-1]["bound"] + 1 if done else 0)
+        last = t0 + (done[-1]["at"] if done else 0.0)
+
+        def now_due(doc: LoopStatus | None, due: int = due, last: float = last) -> bool:
+            if doc is not None and doc.summary.bound >= due:
+                return True
+            return settled(doc) and time.perf_counter() - last >= SETTLED_GAP
+
+        await poll(fc.published, now_due, limit=1800, every=0.25)
+        if fault == "kill":
+            await record("kill -9 of the worker")
+            env.workers[-1].kill9()
+            env.worker(name, store)  # a new worker, as a supervisor would start it
+            continue
+        await record("PostgreSQL stopped")
+        stopped = time.perf_counter()
+        await asyncio.to_thread(_pg_ctl, "stop")
+        await asyncio.sleep(PG_DOWN)
+        await asyncio.to_thread(_pg_ctl, "start")
+        await poll(lambda: asyncio.to_thread(_pg_accepts, store), bool, limit=120, every=0.2)
+        await record("PostgreSQL started", down_s=round(time.perf_counter() - stopped, 1))
+    return done
+
+
 async def _replay_seconds(env: Env, workflow_id: str) -> list[dict[str, Any]]:
     """How long replaying each run of the history takes (what a worker taking the run
     over does before it can go on), newest run first: each in a fresh process set up
     as worker.py is (the collector governor on), with any failure it met."""
     out = []
     run_id: str | None = (await env.client.get_workflow_handle(workflow_id).describe()).run_id
-    while run_id:
+    # the continue-as-new chain, then any run a reset ended (not on the chain)
+    listed = [r.run_id async for r in env.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+    seen: set[str] = set()
+    while run_id or (run_id := next((r for r in listed if r not in seen), None)):
+        seen.add(run_id)
         handle = env.client.get_workflow_handle(workflow_id, run_id=run_id)
         history = await handle.fetch_history()
         path = env.work / f"replay-{run_id}.json"
@@ -218,6 +364,8 @@ async def _replay_seconds(env: Env, workflow_id: str) -> list[dict[str, Any]]:
             out.append({"run": run_id, **json.loads(lines[-1])})
         first = history.events[0].workflow_execution_started_event_attributes
         run_id = first.continued_execution_run_id or None
+        if run_id in seen:
+            run_id = None
     return out
 
 
@@ -260,7 +408,9 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        kill = f", {r['kills']} x kill -9" if r["kills"] else ""
+        kill = f", {r['store']}" + (f", {r['kills']} x kill -9" if r["kills"] else "")
+        if any(f["fault"] == "PostgreSQL stopped" for f in r["faults"]):
+            kill += ", PostgreSQL restarted"
         loss = r["node_loss"]
         out.append(
             f"| {r['nodes']:,} nodes / {r['replicas']:,} replicas{kill} "
@@ -272,6 +422,28 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
             f"| {r['worker_rss_mib']:,} MiB "
             f"| {loss['seconds'] * 1000:.0f} ms for {loss['replicas']} |"
         )
+    for r in rows:
+        if not r["faults"]:
+            continue
+        causes = f" {r['failure_causes']}" if r["failure_causes"] else ""
+        out.append("")
+        out.append(
+            f"chaos, {r['nodes']:,} nodes / {r['replicas']:,} replicas ({r['store']}): "
+            f"converged {r['converged_seconds']:.1f} s after the submission began "
+            f"(the last fault at {r['faults'][-1]['at']:.1f} s); "
+            f"invariant violations {r['invariant_violations']}; jobs and replicas lost "
+            f"{r['lost']}; WorkflowTaskFailed {r['task_failures']}{causes}; "
+            f"{r['activity_retries']} activity retries; "
+            f"{len(r['replay_seconds'])} runs, every one replays; 0 manual steps"
+        )
+        for f in r["faults"]:
+            more = f", down {f['down_s']} s" if "down_s" in f else ""
+            if f["settled"] and f["fault"] != "PostgreSQL started":
+                more += " (**after** every replica had been tried)"
+            out.append(
+                f"- {f['fault']} at {f['at']} s, {f['bound']:,} bound of {f['desired']:,} "
+                f"desired so far{more}"
+            )
     out.append("")
     out.append(f"reproduce: {command}")
     return "\n".join(out)
@@ -281,10 +453,17 @@ async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", action="append", help="NODESxJOBS or NODESxJOBSxREPLICAS")
     ap.add_argument("--kill", type=int, default=0, help="kill -9 the worker this many times")
+    ap.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
+    ap.add_argument("--pg", default=PG_DEFAULT, help="the PostgreSQL server for --store postgres")
+    ap.add_argument(
+        "--pg-restart", action="store_true", help="stop and start PostgreSQL once mid-convergence"
+    )
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)  # one history, timed
     ap.add_argument("--keep", action="store_true", help="keep the work dir (histories, logs)")
     args = ap.parse_args(argv)
+    if args.pg_restart and args.store != "postgres":
+        ap.error("--pg-restart needs --store postgres")
     if args.replay is not None:
         print(json.dumps(await _replay_one(args.replay)))
         return 0
@@ -298,7 +477,16 @@ async def main(argv: list[str] | None = None) -> int:
         await ensure_search_attributes(client, "default")
         env = Env(server, client, work)
         for size in sizes:
-            row = await run_size(env, size, args.kill)
+            if args.store == "sqlite":
+                url = f"sqlite:///{work / ('cli-' + size.replace('x', '-'))}.db"
+                row = await run_size(env, size, args.kill, url, False)
+            else:  # a database of this run, dropped after it
+                database = f"forge_chaos_{uuid.uuid4().hex[:10]}"
+                url = await asyncio.to_thread(_pg_database, args.pg, database)
+                try:
+                    row = await run_size(env, size, args.kill, url, args.pg_restart)
+                finally:
+                    await asyncio.to_thread(_pg_drop, args.pg, database)
             print(json.dumps(row), flush=True)
             rows.append(row)
     except BenchFailure as err:

@@ -35,14 +35,15 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from bench.pending import pending_heavy
 from forge.client.client import ForgeClient, ensure_search_attributes
-from forge.core.invariants import violations
-from forge.core.models import Job, Node
-from forge.stores import SqliteStore
+from forge.core.invariants import fitting_pending, violations
+from forge.core.models import Job, Node, workload_id
+from forge.core.reconcile import ReconcileOptions
+from forge.stores import SqliteStore, Store, open_store
 from forge.stores.base import state_digest
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
@@ -245,6 +246,8 @@ class HistoryStats:
     bytes: list[int] = field(default_factory=list)
     largest_payload: int = 0
     task_failures: int = 0  # WorkflowTaskFailed events (must be 0)
+    failure_causes: dict[str, int] = field(default_factory=dict)  # their causes
+    activity_retries: int = 0  # activity attempts after the first (a store outage's)
     longest_task: float = 0.0  # seconds from a workflow task's start to its completion
     longest_woken_by: str = ""  # the events the longest task processed (what woke it)
     tasks: int = 0
@@ -277,9 +280,15 @@ async def history_stats(client: Client, workflow_id: str) -> HistoryStats:
             else:
                 if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                     stats.task_failures += 1
+                    cause = WorkflowTaskFailedCause.Name(
+                        e.workflow_task_failed_event_attributes.cause
+                    ).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
+                    stats.failure_causes[cause] = stats.failure_causes.get(cause, 0) + 1
                 name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower()
                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                     name += ":" + e.activity_task_scheduled_event_attributes.activity_type.name
+                elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    stats.activity_retries += e.activity_task_started_event_attributes.attempt - 1
                 since.append(name)
         first = hist.events[0].workflow_execution_started_event_attributes
         run_id = first.continued_execution_run_id or None
@@ -294,9 +303,38 @@ async def history_length(client: Client, workflow_id: str) -> tuple[str, int]:
 # -- checks --------------------------------------------------------------------------
 
 
-async def check_invariants(fc: ForgeClient, store: SqliteStore, expect_bound: int) -> None:
+#: The GPU reservation the loop plans with (the workflow plans with placement version 2
+#: over the cluster's options; the benchmarks start clusters with the defaults).
+LOOP_GPU_RESERVE = ReconcileOptions(placement_version=2).effective_gpu_reserve
+
+
+async def check_invariants(
+    fc: ForgeClient,
+    store: Store,
+    expect_bound: int,
+    *,
+    expect_jobs: int | None = None,
+    expect_desired: int | None = None,
+) -> None:
+    """Invariants 1, 2, 3, 5 and 6 (RELIABILITY.md) over the store of a settled
+    cluster: no node over capacity, no GPU held twice, no replica bound twice,
+    nothing on a node that is not ready, the store equal to the workflow's state.
+
+    With ``expect_jobs`` / ``expect_desired`` (the jobs and replicas submitted) also:
+    nothing lost (8), bound ⊆ desired (3), every pending replica fits nowhere (4) and
+    says why. Invariant 7 is the callers' replay of every run of the history."""
     stored = store.assignments(fc.cluster, limit=10_000_000)
-    problems = violations(store.nodes(fc.cluster, limit=1_000_000), stored)
+    nodes = store.nodes(fc.cluster, limit=1_000_000)
+    jobs = store.list_jobs(fc.cluster) if expect_jobs is not None else None
+    want = None
+    if jobs is not None:
+        want = {
+            workload_id(j.id, g.name, i)
+            for j in jobs
+            for g in j.groups
+            for i in range(g.scaling.desired)
+        }
+    problems = violations(nodes, stored, desired=want)
     ids = [a.workload_id for a in stored]
     if len(ids) != len(set(ids)):
         problems.append("the store lists a replica twice")
@@ -305,6 +343,21 @@ async def check_invariants(fc: ForgeClient, store: SqliteStore, expect_bound: in
         problems.append("store != workflow state (the published bindings hash differs)")
     if len(stored) != expect_bound:
         problems.append(f"{len(stored)} bindings stored, expected {expect_bound}")
+    if jobs is not None and want is not None:
+        if len(jobs) != expect_jobs:
+            problems.append(f"jobs lost: {len(jobs)} in the store, {expect_jobs} submitted")
+        if expect_desired is not None and len(want) != expect_desired:
+            problems.append(f"replicas lost: {len(want)} desired, {expect_desired} submitted")
+        problems += fitting_pending(nodes, stored, jobs, gpu_reserve=LOOP_GPU_RESERVE)[:5]
+        pending = len(want) - len(ids)
+        if doc is not None and doc.summary.pending != pending:
+            problems.append(f"{doc.summary.pending} published pending, {pending} in the store")
+        if (
+            doc is not None
+            and pending
+            and not (doc.reasons and all(p.reasons for p in doc.pending))
+        ):
+            problems.append("pending replicas without a reason")
     if problems:
         raise BenchFailure("invariants violated: " + "; ".join(problems[:10]))
 
@@ -319,19 +372,21 @@ class Env:
     work: Path
     workers: list[WorkerProcess] = field(default_factory=list)
 
-    def worker(self, queue: str, db: Path) -> WorkerProcess:
-        w = WorkerProcess.start(
-            self.server.address, queue, f"sqlite:///{db}", self.work / f"{queue}.log"
-        )
+    def worker(self, queue: str, db: Path | str) -> WorkerProcess:
+        """A worker on the SQLite file ``db``, or on the store URL ``db``."""
+        store = f"sqlite:///{db}" if isinstance(db, Path) else db
+        w = WorkerProcess.start(self.server.address, queue, store, self.work / f"{queue}.log")
         self.workers.append(w)
         return w
 
 
-def cluster_client(env: Env, name: str, queue: str, db: Path, **opts: Any) -> ForgeClient:
-    """A client that reads what the loop publishes to the worker's store (no queries)."""
+def cluster_client(env: Env, name: str, queue: str, db: Path | str, **opts: Any) -> ForgeClient:
+    """A client that reads what the loop publishes to the worker's store (no queries):
+    the SQLite file ``db``, or the store URL ``db``."""
+    store = SqliteStore(db) if isinstance(db, Path) else open_store(db)
     return ForgeClient(env.client, cluster=name, task_queue=queue,
                        options=c.ClusterOptions.model_validate(opts),
-                       store=SqliteStore(db))  # fmt: skip
+                       store=store)  # fmt: skip
 
 
 async def submit_all(fc: ForgeClient, jobs: list[Job]) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from forge.core.models import Assignment, Node, NodeState
+from forge.core.models import Assignment, Job, Node, NodeState, Request, workload_id
+from forge.core.nodes import tolerated
+from forge.core.placement.kernel import fits
+from forge.core.placement.state import Binding, Cluster
 
-__all__ = ["violations"]
+__all__ = ["fitting_pending", "violations"]
 
 
 def violations(
@@ -62,4 +65,59 @@ def violations(
         extra = sorted(w for w in seen if w not in want)
         if extra:
             out.append(f"{len(extra)} bound replicas are not desired, e.g. {extra[:3]}")
+    return out
+
+
+def fitting_pending(
+    nodes: Iterable[Node],
+    assignments: Iterable[Assignment],
+    jobs: Iterable[Job],
+    *,
+    gpu_reserve: int = 0,
+) -> list[str]:
+    """Invariant 4 over a settled state: no desired replica is left unbound while a
+    ready node could take it now (its constraints and taints allow, and the one fit
+    kernel says it fits what the node has free, net of the GPU reservation the loop
+    plans with: ``gpu_reserve`` per mille).
+
+    Groups with ``distinct_hosts``, ``spread`` or ``gang`` are not checked here (whether
+    one of their replicas may go on a node depends on where its siblings are).
+    Settled means nothing deferred and no backoff pending on freed capacity: call it
+    once the loop has tried every replica and the bound count is steady.
+    """
+    cluster = Cluster([n for n in nodes if n.state is NodeState.READY], gpu_reserve=gpu_reserve)
+    bound: set[str] = set()
+    for a in assignments:
+        bound.add(a.workload_id)
+        alloc = cluster.by_id.get(a.node)
+        if alloc is not None:
+            alloc.hold(Binding.from_assignment(a))
+    where: dict[tuple[Request, tuple[object, ...]], str | None] = {}
+    out: list[str] = []
+    for job in jobs:
+        for g in job.groups:
+            if g.distinct_hosts or g.spread or g.gang:
+                continue
+            missing = [
+                i for i in range(g.scaling.desired) if workload_id(job.id, g.name, i) not in bound
+            ]
+            if not missing:
+                continue
+            req = g.request()
+            key = (req, g.constraints)
+            if key not in where:
+                where[key] = next(
+                    (
+                        a.id
+                        for a in cluster.nodes
+                        if fits(a, req)
+                        and all(c.matches(a.node.labels) for c in g.constraints)
+                        and tolerated(a.node.taints, req.tolerations) is None
+                    ),
+                    None,
+                )
+            node = where[key]
+            if node is not None:
+                wid = workload_id(job.id, g.name, missing[0])
+                out.append(f"{wid} ({len(missing)} of its group) is pending but fits node {node}")
     return out

@@ -316,14 +316,15 @@ class ClusterWorkflow(Presentation):
         st.commit_rollouts(plan, status_changed, now, checks=True)
         st.failed = {}
         st.status_updates = {}
-        st.capacity_changed = False
+        # (freed: only a pass that preempted, so only under PREEMPTION)
+        st.capacity_changed = plan.freed
         self.queue.planned = written
         st.passes += 1
         # what a worker taking the run over replays: the passes' work
         self.replay_cost += plan.work
         st.last_pass_at = now
         st.last_pass = views.pass_text(st.passes, plan)
-        if plan.deferred or plan.again:  # (again: only under DISRUPTION_BUDGETS)
+        if plan.deferred or plan.again or plan.freed:  # (again: only under DISRUPTION_BUDGETS)
             self.dirty = True
         self._record(plan, elapsed)
         self._details()

@@ -207,6 +207,12 @@ class Plan:
     #: the next pass should run at once: a group whose budget held a drain or a
     #: wave back got a replica bound again, so the next one may go
     again: bool = False
+    #: this pass's preemptions freed capacity after its placements, which its
+    #: refill may not have used all of (a placement limit or the work budget, or
+    #: replicas backed off before the eviction that the refill does not retry):
+    #: the next pass runs at once and as one that freed capacity (every backed-off
+    #: replica tried), so nothing that fits waits out a backoff (invariant 4)
+    freed: bool = False
 
     @property
     def changed(self) -> bool:

@@ -446,6 +446,7 @@ class _Pass:
         phase.run(placing.wanted, max(budget - spent, 1) if budget else 0)
         placing.placed += len(plan.preemptions)
         if plan.preemptions:
+            plan.freed = True
             left = max(budget - spent - phase.work, 1) if budget else 0
             room = options.max_placements - placing.placed
             placing.placed += phase.refill(placing.wanted, self._placer(), room, left)
@@ -484,7 +485,7 @@ class _Pass:
                 or h.cooling(now, cooldown)
             )
         }
-        wake: float | None = now if plan.deferred else None
+        wake: float | None = now if plan.deferred or plan.freed else None
         for p in plan.pending.values():
             if p.kind != "deferred" and p.not_before > now:
                 wake = p.not_before if wake is None else min(wake, p.not_before)

@@ -212,6 +212,8 @@ class ClusterWorkflow(Presentation):
             update["topology"] = False  # a history recorded before distinct_hosts / spread
         if not workflow.patched(patches.GANGS):
             update["gangs"] = False  # a history recorded before gangs
+        if not workflow.patched(patches.SPREAD_SCALE_DOWN):
+            update["spread_down"] = False  # recorded before scale-down kept spread
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         if work and self.adaptive and self.st.pass_budget:

@@ -1,19 +1,27 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Five are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
-``ADAPTIVE_BUDGET``). The round before folded every earlier patch (work budgets, the
-published status, rolling updates and health checks, placement version 2,
-dropped-signal notices) into one baseline, since no user runs histories recorded
-before them, and re-recorded the replay corpus (tests/histories/). The rule from here
-on (README "Tests"): a behaviour change to code a pass runs gets an id here, named by
-the behaviour (``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)``
-branch, the corpus recorded before it kept beside the new one, and, once no running
-workflow can need the old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
+Six are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``). The round before folded every earlier
+patch (work budgets, the published status, rolling updates and health checks,
+placement version 2, dropped-signal notices) into one baseline, since no user runs
+histories recorded before them, and re-recorded the replay corpus (tests/histories/).
+The rule from here on (README "Tests"): a behaviour change to code a pass runs gets
+an id here, named by the behaviour (``"gpu-spread-score"``, never ``"v3"``), a
+``workflow.patched(ID)`` branch, the corpus recorded before it kept beside the new
+one, and, once no running workflow can need the old branch,
+``workflow.deprecate_patch(ID)`` and then nothing.
 """
 
 from __future__ import annotations
 
-__all__ = ["ADAPTIVE_BUDGET", "DISRUPTION_BUDGETS", "GANGS", "PREEMPTION", "TOPOLOGY"]
+__all__ = [
+    "ADAPTIVE_BUDGET",
+    "DISRUPTION_BUDGETS",
+    "GANGS",
+    "PREEMPTION",
+    "SPREAD_SCALE_DOWN",
+    "TOPOLOGY",
+]
 
 #: A replica that fits nowhere may evict lower-priority replicas (issue 21,
 #: forge.core.preemption); runs recorded before it place without preempting.
@@ -38,3 +46,9 @@ TOPOLOGY = "topology-rules"
 #: ``gang: true`` groups placed all or nothing, and released whole when a member is
 #: lost (issue 22, forge.core.placing); runs recorded before place them one by one.
 GANGS = "gang-placement"
+
+#: A scale-down that leaves a ``do_not_schedule`` spread rule past its max_skew
+#: moves kept replicas off the most loaded value into the slots it freed, as if it
+#: released from the most loaded value first (issue 22, forge.core.spread_down);
+#: runs recorded before it release the highest ordinals and leave the skew.
+SPREAD_SCALE_DOWN = "spread-scale-down"

@@ -57,6 +57,7 @@ class ReconcileOptions(Evolving):
         "disruption_budgets",
         "topology",
         "gangs",
+        "spread_down",
     )
 
     algorithm: Algorithm = "binpack"
@@ -132,6 +133,14 @@ class ReconcileOptions(Evolving):
         description="groups with gang: true are placed all or nothing and, with "
         "on_member_loss restart_all, released whole when a member is lost; the workflow "
         "turns it on under a patch, so histories recorded before it replay without",
+    )
+
+    spread_down: bool = Field(
+        default=True,
+        description="a scale-down of a group with do_not_schedule spread rules that "
+        "leaves a rule past max_skew moves kept replicas off the most loaded value into "
+        "the slots the scale-down freed (forge.core.spread_down), as if it released from "
+        "the most loaded value first; the workflow turns it on under a patch",
     )
 
     @property

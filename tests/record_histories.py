@@ -12,7 +12,14 @@ Two sets, both written to tests/histories/ (one JSON file per run):
   store and the ``report_failed`` update, an exhausted policy), backoff then a
   spec that fits, drains, node loss (signal and heartbeat expiry) and removal,
   autoscaling up and down, continue-as-new with GPU jobs, rolling updates (waves,
-  a canary promoted, a revert).
+  a canary promoted, a revert), and the placement rules (preemption, a gang, a
+  spread group scaled up and down).
+
+The corpus recorded before a ``workflows/patches.py`` id existed is kept beside the
+new one and replayed too: ``tests/histories/baseline/`` was recorded before all six
+(preemption, disruption-budgets, adaptive-budget, topology-rules, gang-placement,
+spread-scale-down); a later patch moves the top-level set to
+``tests/histories/<id>/`` before re-recording.
 
 Re-record after a deliberate, patched behaviour change; never to silence a failing
 replay test. Each recording stays at a few hundred events so that replaying the
@@ -372,6 +379,54 @@ async def _rollout(s: Scene) -> None:
     await _rolled(s, v1.groups[0].version)
 
 
+def _zone(store: Store, cluster: str, job_id: str, zone_of: dict[str, str]) -> dict[str, int]:
+    rows = [a for a in store.assignments(cluster, limit=10_000) if a.job == job_id]
+    out: dict[str, int] = {}
+    for a in rows:
+        out[zone_of[a.node]] = out.get(zone_of[a.node], 0) + 1
+    return out
+
+
+async def _rules(s: Scene) -> None:
+    """The placement rules of issues 21 and 22, so the corpus holds their markers
+    and their decisions: a priority-90 replica preempts priority-20 work on a full
+    node (and the victims' room is used the pass after); a 2-worker gang waits whole
+    until a node joins; a zone spread placed while one zone had a node is scaled up
+    into the second zone, then down (patch spread-scale-down: a move keeps one per
+    zone)."""
+    await s.fc.register_nodes([gnode("p1", 4000, 8192, zone="p")])
+    await s.fc.submit_job(job("batch", replicas=4, cpu=1000, priority=20))
+    await s.bound(4)
+    await s.fc.submit_job(job("urgent", replicas=1, cpu=2000, priority=90))
+    await s.until(
+        lambda v: v.preemptions >= 1 and v.summary.bound == 3, "urgent placed by preemption"
+    )
+    await s.fc.stop_job("batch")
+    await s.fc.stop_job("urgent")
+    await s.bound(0)
+
+    await s.fc.register_nodes([gnode("t1", 16000, 32768, zone="t")])
+    await s.fc.submit_job(job("train", replicas=2, cpu=10000, memory=1024, gang=True))
+    await s.until(lambda v: v.summary.pending == 2 and v.summary.bound == 0, "gang waits")
+    await s.fc.register_nodes([gnode("t2", 16000, 32768, zone="t")])
+    await s.bound(2)
+
+    zone = [{"label": "zone", "op": "in", "values": ["x", "y"]}]
+    spread = [{"label": "zone", "max_skew": 1}]
+    await s.fc.register_nodes([gnode("x1", 4000, 8192, zone="x")])
+    await s.fc.submit_job(job("web", replicas=2, cpu=500, constraints=zone, spread=spread))
+    await s.bound(4)
+    await s.fc.register_nodes([gnode("y1", 4000, 8192, zone="y")])
+    await s.fc.scale("web", "main", 4)
+    await s.bound(6)
+    zones = {"x1": "x", "y1": "y"}
+    assert _zone(s.store, s.fc.cluster, "web", zones) == {"x": 2, "y": 2}
+    await s.fc.scale("web", "main", 2)
+    await s.bound(4)
+    got = _zone(s.store, s.fc.cluster, "web", zones)
+    assert got == {"x": 1, "y": 1}, got
+
+
 DEV_SCENARIOS: dict[str, tuple[Callable[[Scene], Awaitable[None]], dict[str, Any]]] = {
     "priority": (_priority, {}),
     "gpu": (_gpu, {}),
@@ -381,6 +436,7 @@ DEV_SCENARIOS: dict[str, tuple[Callable[[Scene], Awaitable[None]], dict[str, Any
     "autoscale": (_autoscale, {}),
     "continue_as_new": (_continue_as_new_dev, {"max_passes_per_run": 3}),
     "rollout": (_rollout, {}),
+    "rules": (_rules, {}),
 }
 
 

@@ -138,6 +138,7 @@ def plan_key(plan: Plan) -> tuple[Any, ...]:
         plan.deferred,
         plan.desired,
         [(p.preemptor, p.node, p.victims, p.at) for p in plan.preemptions],
+        plan.freed,
     )
 
 
@@ -251,7 +252,7 @@ class Sim:
         check_fixed_point(inputs, plan)
         self.bindings, self.pending, self.failures = plan.bindings, plan.pending, plan.failures
         self.failed = set()
-        self.capacity_changed = False
+        self.capacity_changed = plan.freed  # as the workflow's commit does
         self.plans.append(plan)
         return plan
 
@@ -390,7 +391,7 @@ def check_plan(inputs: Mapping[str, Any], plan: Plan, *, sim_checks: bool = True
 
     # next wake: the earliest future not_before (now when some were deferred)
     future = [e.not_before for e in plan.pending.values() if e.kind != "deferred"]
-    expect = now if plan.deferred else (min(future) if future else None)
+    expect = now if plan.deferred or plan.freed else (min(future) if future else None)
     assert plan.next_wake == expect
     assert set(plan.failures) <= desired
 
@@ -503,8 +504,9 @@ def check_determinism(inputs: Mapping[str, Any], plan: Plan, rnd: random.Random)
 
 
 def check_fixed_point(inputs: Mapping[str, Any], plan: Plan) -> None:
-    """A second pass at the same time with nothing new changes nothing."""
-    if plan.deferred:
+    """A second pass at the same time with nothing new changes nothing (unless the
+    first left work for it: deferred replicas, or room its preemptions freed)."""
+    if plan.deferred or plan.freed:
         return
     second = reconcile(
         **{

@@ -214,6 +214,8 @@ class ClusterWorkflow(Presentation):
             update["topology"] = False  # a history recorded before distinct_hosts / spread
         if not workflow.patched(patches.GANGS):
             update["gangs"] = False  # a history recorded before gangs
+        if not workflow.patched(patches.SPREAD_SCALE_DOWN):
+            update["spread_down"] = False  # recorded before scale-down kept spread
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)
@@ -319,14 +321,15 @@ class ClusterWorkflow(Presentation):
         st.commit_rollouts(plan, status_changed, now, checks=True)
         st.failed = {}
         st.status_updates = {}
-        st.capacity_changed = False
+        # (freed: only a pass that preempted, so only under PREEMPTION)
+        st.capacity_changed = plan.freed
         self.queue.planned = written
         st.passes += 1
         # what a worker taking the run over replays: the passes' work
         self.replay_cost += plan.work
         st.last_pass_at = now
         st.last_pass = views.pass_text(st.passes, plan)
-        if plan.deferred or plan.again:  # (again: only under DISRUPTION_BUDGETS)
+        if plan.deferred or plan.again or plan.freed:  # (again: only under DISRUPTION_BUDGETS)
             self.dirty = True
         self._record(plan, elapsed)
         self._details()

@@ -1,14 +1,15 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Five are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
-``ADAPTIVE_BUDGET``). The round before folded every earlier patch (work budgets, the
-published status, rolling updates and health checks, placement version 2,
-dropped-signal notices) into one baseline, since no user runs histories recorded
-before them, and re-recorded the replay corpus (tests/histories/). The rule from here
-on (README "Tests"): a behaviour change to code a pass runs gets an id here, named by
-the behaviour (``"gpu-spread-score"``, never ``"v3"``), a ``workflow.patched(ID)``
-branch, the corpus recorded before it kept beside the new one, and, once no running
-workflow can need the old branch, ``workflow.deprecate_patch(ID)`` and then nothing.
+Seven are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``). The round before folded every earlier
+patch (work budgets, the published status, rolling updates and health checks,
+placement version 2, dropped-signal notices) into one baseline, since no user runs
+histories recorded before them, and re-recorded the replay corpus (tests/histories/).
+The rule from here on (README "Tests"): a behaviour change to code a pass runs gets
+an id here, named by the behaviour (``"gpu-spread-score"``, never ``"v3"``), a
+``workflow.patched(ID)`` branch, the corpus recorded before it kept beside the new
+one, and, once no running workflow can need the old branch,
+``workflow.deprecate_patch(ID)`` and then nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "GANGS",
     "PREEMPTION",
     "REPLAY_SECONDS",
+    "SPREAD_SCALE_DOWN",
     "TOPOLOGY",
 ]
 
@@ -52,3 +54,9 @@ GANGS = "gang-placement"
 #: a worker taking the run over replays about that much, on a loaded machine too.
 #: Runs recorded before it count replicas examined and jobs submitted only.
 REPLAY_SECONDS = "replay-seconds"
+
+#: A scale-down that leaves a ``do_not_schedule`` spread rule past its max_skew
+#: moves kept replicas off the most loaded value into the slots it freed, as if it
+#: released from the most loaded value first (issue 22, forge.core.spread_down);
+#: runs recorded before it release the highest ordinals and leave the skew.
+SPREAD_SCALE_DOWN = "spread-scale-down"

@@ -22,7 +22,7 @@ from forge.core.groups import Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
-from forge.core.preempting import Wanted
+from forge.core.preempting import PREEMPTED, Wanted
 from forge.core.queue import GroupOrder, Queue, SortKey, sort_key
 from forge.core.waiting import backoff_delay, waiting
 
@@ -109,7 +109,7 @@ class Placing:
             not_before=now,
             reasons=("deferred to the next pass (per-pass placement or work limit)",),
         )
-        self._backoff: dict[tuple[int, str], PendingEntry] = {}
+        self._backoff: dict[tuple[int, tuple[str, ...]], PendingEntry] = {}
         # per class and pass: a pending class's answers do not change within the
         # pass (could_ever_fit looks at total capacity; a diagnosis is formatted
         # once). Keyed by identity: a group's request and constraints, and a
@@ -334,14 +334,18 @@ class Placing:
         said = self._texts.get(id(diagnosis))
         if said is None:  # (the diagnosis is kept with its text: alive)
             said = self._texts[id(diagnosis)] = (diagnosis, diagnosis_text(diagnosis))
-        why = said[1]
-        shared = self._backoff.get((attempts, why))
+        reasons: tuple[str, ...] = (said[1],)
+        if prev is not None and prev.reasons and prev.reasons[0].startswith(PREEMPTED):
+            # a victim tried again (a pass after the one that preempted it uses the
+            # room that pass freed) still says who preempted it
+            reasons = (prev.reasons[0], said[1])
+        shared = self._backoff.get((attempts, reasons))
         if shared is None:
-            shared = self._backoff[(attempts, why)] = PendingEntry(
+            shared = self._backoff[(attempts, reasons)] = PendingEntry(
                 kind="backoff",
                 attempts=attempts,
                 not_before=self.now + backoff_delay(attempts, self.options),
-                reasons=(why,),
+                reasons=reasons,
             )
         self.plan.pending[w.wid] = shared
         self.visited += self.options.pending_units - 1  # (one was counted already)

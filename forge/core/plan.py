@@ -57,6 +57,7 @@ class ReconcileOptions(Evolving):
         "disruption_budgets",
         "topology",
         "gangs",
+        "spread_down",
     )
 
     algorithm: Algorithm = "binpack"
@@ -134,6 +135,14 @@ class ReconcileOptions(Evolving):
         "turns it on under a patch, so histories recorded before it replay without",
     )
 
+    spread_down: bool = Field(
+        default=True,
+        description="a scale-down of a group with do_not_schedule spread rules that "
+        "leaves a rule past max_skew moves kept replicas off the most loaded value into "
+        "the slots the scale-down freed (forge.core.spread_down), as if it released from "
+        "the most loaded value first; the workflow turns it on under a patch",
+    )
+
     @property
     def effective_gpu_reserve(self) -> int:
         if self.gpu_reserve is not None:
@@ -207,6 +216,12 @@ class Plan:
     #: the next pass should run at once: a group whose budget held a drain or a
     #: wave back got a replica bound again, so the next one may go
     again: bool = False
+    #: this pass's preemptions freed capacity after its placements, which its
+    #: refill may not have used all of (a placement limit or the work budget, or
+    #: replicas backed off before the eviction that the refill does not retry):
+    #: the next pass runs at once and as one that freed capacity (every backed-off
+    #: replica tried), so nothing that fits waits out a backoff (invariant 4)
+    freed: bool = False
 
     @property
     def changed(self) -> bool:

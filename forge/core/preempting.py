@@ -25,7 +25,11 @@ from forge.core.preemption import Holder, Search, find
 from forge.core.queue import sort_key
 from forge.core.release import Carry
 
-__all__ = ["Phase", "Wanted"]
+__all__ = ["PREEMPTED", "Phase", "Wanted"]
+
+#: How a victim's pending reason starts ("preempted by JOB/GROUP/N at T"); a victim
+#: refused again keeps it before the placer's reason until it is bound.
+PREEMPTED = "preempted by "
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +224,7 @@ class Phase:
             kind="backoff",
             attempts=1,
             not_before=self.now + self.options.backoff_base,
-            reasons=(f"preempted by {by} at {when}",),
+            reasons=(f"{PREEMPTED}{by} at {when}",),
         )
 
     def _priority_of(self, wid: str) -> int:

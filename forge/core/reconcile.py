@@ -56,6 +56,7 @@ from forge.core.queue import Queue, SortKey
 from forge.core.release import DRAINING, Carry, release_all, release_changed
 from forge.core.rolling import GroupRollout, plan_rollouts
 from forge.core.rollout import BUDGET_WAIT
+from forge.core.spread_down import SPREAD_DOWN, spread_moves
 from forge.core.waiting import backoff_delay, reschedule_delay
 
 __all__ = [
@@ -117,6 +118,8 @@ def reconcile(
         p.roll(rollouts, since, promoted, health if options.health_checks else None)
     if options.gangs:
         p.release_gangs()
+    if options.topology and options.spread_down:
+        p.spread_down()
     placing = p.place(capacity_changed or bool(p.plan.released))
     preempted: set[GroupKey] = set()
     if placing.wanted and placing.placed < options.max_placements:
@@ -364,6 +367,40 @@ class _Pass:
                     self.bound[key] -= 1
                 self._release(wid, held, "gang member lost")
 
+    def spread_down(self) -> None:
+        """1d. A group with ``do_not_schedule`` spread rules scaled down in this pass
+        and left past a rule's ``max_skew``: kept replicas move off the most loaded
+        value into the slots the scale-down freed (forge.core.spread_down)."""
+        plan, carry = self.plan, self.carry
+        down: dict[GroupKey, list[Binding]] = {}
+        for (_, why), b in zip(plan.released, plan.dropped, strict=True):
+            if why == "scaled down":
+                down.setdefault((b.job, b.group), []).append(b)
+        for key in sorted(down):
+            entry = self.groups.get(key)
+            if entry is None or not entry.spec.spread or (entry.spec.gang and self.options.gangs):
+                continue
+            job, g, _ = entry
+            kept = [
+                held
+                for ordinal in range(g.scaling.desired)
+                if (held := plan.bindings.get(workload_id(job.id, g.name, ordinal))) is not None
+            ]
+            nodes = self.cluster.nodes
+            self.release_work += len(nodes)  # the group's domains
+            for m in spread_moves(job.id, g, nodes, self.cluster.by_id, kept, down[key]):
+                self._unbind(m.wid, m.old)
+                self._release(m.wid, m.old, SPREAD_DOWN)
+                taken = self.cluster.by_id[m.new.node].hold(m.new)
+                assert taken, "a scaled-down replica's slot is free"
+                if carry is not None:
+                    carry.add(m.wid, m.new)
+                else:
+                    plan.bindings[m.wid] = m.new
+                    assert isinstance(self.bound, dict)
+                    self.bound[key] += 1
+                plan.placed.append(m.new)
+
     def _placer(self) -> Placer:
         options = self.options
         if self._workload is None:
@@ -449,6 +486,7 @@ class _Pass:
         phase.run(placing.wanted, max(budget - spent, 1) if budget else 0)
         placing.placed += len(plan.preemptions)
         if plan.preemptions:
+            plan.freed = True
             left = max(budget - spent - phase.work, 1) if budget else 0
             room = options.max_placements - placing.placed
             placing.placed += phase.refill(placing.wanted, self._placer(), room, left)
@@ -487,7 +525,7 @@ class _Pass:
                 or h.cooling(now, cooldown)
             )
         }
-        wake: float | None = now if plan.deferred else None
+        wake: float | None = now if plan.deferred or plan.freed else None
         for p in plan.pending.values():
             if p.kind != "deferred" and p.not_before > now:
                 wake = p.not_before if wake is None else min(wake, p.not_before)

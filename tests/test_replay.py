@@ -26,7 +26,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.core import placing, queue, rolling, waiting
+from forge.core import placing, queue, rolling, visiting, waiting
 from forge.core.models import Job
 from forge.core.placement import NodeAlloc, eligible, scorers, select
 from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
@@ -115,11 +115,11 @@ def _wider_waves(*, policy: Any, **kw: Any) -> Any:
 
 CHANGES: dict[str, list[tuple[object, str, object]]] = {
     "priority order reversed": [
-        (placing, "sort_key", _priority_reversed),
+        (visiting, "sort_key", _priority_reversed),
         (queue, "sort_key", _priority_reversed),
     ],
     "equal priorities: job id order reversed": [
-        (placing, "sort_key", _ties_reversed),
+        (visiting, "sort_key", _ties_reversed),
         (queue, "sort_key", _ties_reversed),
     ],
     "GPU devices taken last first": [(NodeAlloc, "matching_gpus", _devices_reversed)],

@@ -34,7 +34,7 @@ from forge.wire.codec import data_converter
 from forge.wire.encryption import CodecKeys, format_key, new_key
 from workflows.cluster import ClusterWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HISTORIES = sorted((Path(__file__).parents[1] / "histories").glob("*.json"))
 DEV = [p for p in HISTORIES if p.stem.startswith("dev-")]
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure headless Chromium is installed for the browser test (tests/test_ui_browser.py).
+# Make sure headless Chromium is installed for the browser test (tests/services/test_ui_codec.py).
 # Debian's package, not a Playwright download: these machines cannot fetch browser builds,
 # but they can reach the distribution's mirror. The test fails (never skips) without it.
 set -euo pipefail

@@ -62,7 +62,7 @@ def _current() -> settings:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # the leak check (not in the copies of this file tests/test_suite_rules.py runs)
+    # the leak check (not in the copies of this file tests/system/test_suite_rules.py runs)
     if (Path(__file__).parent / "leaks.py").exists():
         from tests import leaks
 

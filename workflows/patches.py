@@ -1,8 +1,8 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
 Seven are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
-``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``). The round before folded every earlier
-patch (work budgets, the published status, rolling updates and health checks,
+``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``). The round before
+folded every earlier patch (work budgets, the published status, rolling updates and health checks,
 placement version 2, dropped-signal notices) into one baseline, since no user runs
 histories recorded before them, and re-recorded the replay corpus (tests/histories/).
 The rule from here on (README "Tests"): a behaviour change to code a pass runs gets

@@ -13,7 +13,7 @@ from workflows.handlers import Handlers
 with workflow.unsafe.imports_passed_through():
     from forge.core.reconcile import Plan
     from forge.wire import contract as c
-    from forge.wire import views
+    from forge.wire import metrics, views
 
 __all__ = ["Presentation", "status_json"]
 
@@ -109,7 +109,7 @@ class Presentation(Handlers):
 
     def _record(self, plan: Plan, elapsed: float) -> None:
         meter = workflow.metric_meter().with_additional_attributes({"cluster": self.st.cluster})
-        for m in views.pass_metrics(plan, self.st.nodes.values(), elapsed):
+        for m in metrics.pass_metrics(plan, self.st.nodes.values(), elapsed):
             _emit(meter, m)
         if elapsed > self.longest_plan:
             self.longest_plan = elapsed
@@ -120,7 +120,7 @@ class Presentation(Handlers):
             ).set(elapsed)
 
 
-def _emit(meter: MetricMeter, m: views.Metric) -> None:
+def _emit(meter: MetricMeter, m: metrics.Metric) -> None:
     attrs = dict(m.attributes)
     if m.kind == "gauge":
         meter.create_gauge(m.name, m.description, m.unit).set(int(m.value), attrs)

@@ -2,48 +2,35 @@
 
 It speaks only :mod:`forge.wire.contract` (names and models), so it never imports the
 workflow's code. Starting a job uses update-with-start: if the cluster workflow
-is not running yet, the same call starts it. Request limits and retries live in
-:mod:`forge.client.limits`, store reads in :mod:`forge.client.reads`.
+is not running yet, the same call starts it. How every verb travels (size checks,
+the in-flight budget, busy retries, update-with-start) is :mod:`forge.client.transport`,
+request limits are :mod:`forge.client.limits`, store reads :mod:`forge.client.reads`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from pydantic import BaseModel
 from temporalio.client import (
     Client,
-    WithStartWorkflowOperation,
-    WorkflowHandle,
-    WorkflowUpdateFailedError,
 )
 from temporalio.common import (
-    SearchAttributeKey,
-    SearchAttributePair,
-    TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
 from forge.client import failures, reads, watchdog
-from forge.client.failures import refused
 from forge.client.limits import (
-    BUSY_DELAYS,
     MAX_REQUEST_BYTES,
-    MAX_UPDATES_IN_FLIGHT,
-    RETRY_DELAYS,
     ForgeError,
-    busy,
-    busy_refusal,
 )
 from forge.client.limits import batches as _batches
 from forge.client.limits import check_size as _check_size
 from forge.client.search_attributes import SEARCH_ATTRIBUTES, ensure_search_attributes
+from forge.client.transport import Transport, all_or_first_failure
 from forge.core.models import Job, Node, TaskGroup
 from forge.core.versions import with_tasks_of
 from forge.errors import InvalidInput, NotFound
@@ -60,7 +47,6 @@ __all__ = [
     "ensure_search_attributes",
 ]
 
-WORKFLOW_TASK_TIMEOUT = timedelta(seconds=20)
 _RESULTS = list[c.JobResult]
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -85,7 +71,7 @@ def _forge_errors(
     return wrapper
 
 
-class ForgeClient:
+class ForgeClient(Transport):
     """Verbs on one cluster. Build it with :meth:`connect` or from a ``Client``.
 
     Every method raises only :mod:`forge.errors` kinds (the SDK's error is the
@@ -103,17 +89,16 @@ class ForgeClient:
         search_attributes: bool = True,
         store: Store | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(
+            client,
+            cluster=cluster,
+            task_queue=task_queue,
+            options=options or c.ClusterOptions(),
+            search_attributes=search_attributes,
+        )
         #: Where the worker persists (the same URL): status, assignments and
         #: explanations are read from it, never asked of the workflow.
         self.store = store
-        self.search_attributes = search_attributes
-        self._in_flight: asyncio.Semaphore | None = None
-        self._running = False  # seen running: plain updates, no update-with-start
-        self._starting: asyncio.Lock | None = None
-        self.cluster = cluster
-        self.task_queue = task_queue
-        self.options = options or c.ClusterOptions()
 
     @classmethod
     async def connect(cls, settings: Settings | None = None, **kw: Any) -> ForgeClient:
@@ -127,46 +112,7 @@ class ForgeClient:
             raise failures.connect_failure(err, s.address) from err
         return cls(client, cluster=s.cluster, task_queue=s.task_queue, **kw)
 
-    def _where(self) -> failures.Where:
-        """What an error message names (read off the SDK's client when it has them)."""
-        service = getattr(self.client, "service_client", None)
-        config = getattr(service, "config", None)
-        return failures.Where(
-            address=str(getattr(config, "target_host", "?")),
-            namespace=str(getattr(self.client, "namespace", "?")),
-            cluster=self.cluster,
-            task_queue=self.task_queue,
-            workflow_id=self.workflow_id,
-        )
-
-    @property
-    def workflow_id(self) -> str:
-        return c.workflow_id(self.cluster)
-
-    def handle(self) -> WorkflowHandle[Any, Any]:
-        return self.client.get_workflow_handle(self.workflow_id)
-
     # -- the cluster --------------------------------------------------------------------
-    def _start_kwargs(self, with_attributes: bool) -> dict[str, Any]:
-        kw: dict[str, Any] = {
-            "id": self.workflow_id,
-            "task_queue": self.task_queue,
-            "task_timeout": WORKFLOW_TASK_TIMEOUT,
-            "static_summary": f"Forge cluster `{self.cluster}`",
-            "static_details": (
-                f"Reconciles cluster **{self.cluster}**: places replicas, persists bindings, "
-                "reschedules off lost nodes, backs off what cannot be placed."
-            ),
-        }
-        if with_attributes:
-            kw["search_attributes"] = TypedSearchAttributes(
-                [SearchAttributePair(SearchAttributeKey.for_keyword(c.SA_CLUSTER), self.cluster)]
-            )
-        return kw
-
-    def _input(self) -> c.ClusterInput:
-        return c.ClusterInput(cluster=self.cluster, options=self.options)
-
     @_forge_errors
     async def start(self) -> str:
         """Start the cluster workflow if it is not running; returns its run id."""
@@ -240,46 +186,6 @@ class ForgeClient:
         result: c.JobResult = await self._update_with_start(c.UPDATE_SUBMIT_JOB, req, c.JobResult)
         return result
 
-    async def _update_with_start(self, name: str, req: BaseModel, result_type: Any) -> Any:
-        """Update ``name`` by update-with-start: the same call starts the cluster
-        workflow when it is not running."""
-        _check_size(name, req)
-        for with_attrs in (True, False)[0 if self.search_attributes else 1 :]:
-            # an operation serves one attempt only: _admitted retries a busy server
-            # with a new one (reusing it raises "cannot be reused")
-            ops: list[WithStartWorkflowOperation[Any, Any]] = []
-
-            def attempt(with_attrs: bool = with_attrs, ops: list[Any] = ops) -> Any:
-                op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-                    c.WORKFLOW_TYPE,
-                    self._input(),
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    **self._start_kwargs(with_attrs),
-                )
-                ops.append(op)
-                return self.client.execute_update_with_start_workflow(
-                    name, req, start_workflow_operation=op, result_type=result_type
-                )
-
-            try:
-                result = await self._admitted(attempt)
-                self._running = True
-                await _retrieve(ops[:-1])
-                return result
-            except (WorkflowUpdateFailedError, RPCError) as err:
-                # the start half of a failed update-with-start holds an exception
-                # too: retrieve it, or asyncio reports it at exit
-                await _retrieve(ops)
-                if isinstance(err, WorkflowUpdateFailedError):
-                    if busy_refusal(err):  # it is running, about to continue as new
-                        self._running = True
-                        return await self._update(name, req, result_type)
-                    raise refused(err) from err
-                if with_attrs and "search attribute" in str(err).lower():
-                    continue
-                raise
-        raise AssertionError("unreachable")
-
     @_forge_errors
     async def submit_jobs(
         self,
@@ -335,7 +241,7 @@ class ForgeClient:
                     await send(0, with_start=True, wait=wait and len(reqs) == 1)
         rest = [i for i in range(len(reqs)) if results[i] is None]
         final = rest.pop() if wait and rest else None
-        await _all([send(i) for i in rest])
+        await all_or_first_failure([send(i) for i in rest])
         if final is not None:  # every other batch is queued: this one's pass plans all
             await send(final, wait=True)
         return [r for part in results if part is not None for r in part]
@@ -463,61 +369,3 @@ class ForgeClient:
                 f"{what} reads the store the worker persists to: pass store= (FORGE_STORE)"
             )
         return self.store
-
-    # -- helpers ------------------------------------------------------------------------
-    async def _signal(self, name: str, arg: BaseModel) -> None:
-        _check_size(name, arg)
-        await self.handle().signal(name, arg)
-
-    async def _update(self, name: str, arg: Any, result_type: Any) -> Any:
-        _check_size(name, arg)
-        for delay in (*BUSY_DELAYS, None):
-            try:
-                return await self._admitted(
-                    lambda: self.handle().execute_update(name, arg, result_type=result_type)
-                )
-            except WorkflowUpdateFailedError as err:
-                if delay is None or not busy_refusal(err):
-                    raise refused(err) from err
-            await asyncio.sleep(delay)  # outside the in-flight budget
-        raise AssertionError("unreachable")
-
-    async def _admitted(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Run an update call within the in-flight budget, retrying when busy."""
-        if self._in_flight is None:
-            self._in_flight = asyncio.Semaphore(MAX_UPDATES_IN_FLIGHT)
-        async with self._in_flight:
-            for delay in (*RETRY_DELAYS, None):
-                try:
-                    return await call()
-                except RPCError as err:
-                    if delay is None or not busy(err):
-                        raise
-                    await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-
-async def _all(calls: Sequence[Awaitable[None]]) -> None:
-    """Await every call concurrently; on the first failure cancel the rest and raise
-    that failure as it is (no ExceptionGroup: the CLI maps error kinds to exit codes)."""
-    tasks = [asyncio.ensure_future(call) for call in calls]
-    if not tasks:
-        return
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for t in tasks:
-        failure = None if t.cancelled() else t.exception()
-        if failure is not None:
-            raise failure
-
-
-async def _retrieve(ops: Sequence[WithStartWorkflowOperation[Any, Any]]) -> None:
-    """Take the outcome of each failed attempt's start half (else asyncio reports an
-    exception never retrieved when the process exits)."""
-    for op in ops:
-        with contextlib.suppress(Exception):  # (bounded: an attempt refused as busy
-            await asyncio.wait_for(op.workflow_handle(), 1.0)  # may never set it)

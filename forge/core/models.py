@@ -1,7 +1,8 @@
 """The vocabulary of Forge: jobs, nodes, assignments and the plan of a pass.
 
 Jobs (groups, tasks, their resources and policies) and the request a replica
-makes are defined here; nodes (:mod:`forge.core.nodes`), bindings
+makes are defined here; nodes (:mod:`forge.core.nodes`), where a group may go
+(:mod:`forge.core.constraints`), bindings
 (:mod:`forge.core.assignments`), the field types (:mod:`forge.core.fields`) and the
 limits (:mod:`forge.core.limits`) live beside them and are importable from here
 too. Every model is strict (no silent coercion of ``"500"`` into 500) and forbids
@@ -25,6 +26,7 @@ from pydantic import Field, Strict, field_validator, model_validator
 
 from forge.core.assignments import Assignment, AssignmentStatus, Pending, workload_id
 from forge.core.checks import STOP_GRACE, HealthCheck, HttpCheck, PortName, TcpCheck
+from forge.core.constraints import Constraint, SpreadRule
 from forge.core.fields import (
     Bool,
     Cpu,
@@ -201,50 +203,6 @@ class Task(Evolving):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"env name {key!r} is not a valid variable name")
         return env
-
-
-class Constraint(Model):
-    """A filter on node labels, e.g. ``{label: zone, op: in, values: [a, b]}``."""
-
-    label: Annotated[str, Field(min_length=1, max_length=253)]
-    op: Literal["=", "!=", "in", "not_in", "exists", "not_exists"] = "="
-    values: tuple[ShortStr, ...] = Field(default=(), max_length=64)
-
-    @model_validator(mode="after")
-    def _arity(self) -> Self:
-        if self.op in ("=", "!=") and len(self.values) != 1:
-            raise ValueError(f"op {self.op!r} takes exactly one value")
-        if self.op in ("in", "not_in") and not self.values:
-            raise ValueError(f"op {self.op!r} takes at least one value")
-        if self.op in ("exists", "not_exists") and self.values:
-            raise ValueError(f"op {self.op!r} takes no values")
-        return self
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        value = labels.get(self.label)
-        if self.op == "exists":
-            return value is not None
-        if self.op == "not_exists":
-            return value is None
-        if self.op in ("=", "in"):
-            return value is not None and value in self.values
-        return value is None or value not in self.values
-
-
-class SpreadRule(Model):
-    """Spread a group's replicas over the values of a node label (Kubernetes'
-    topologySpreadConstraints): the group's replica count per value differs by at
-    most ``max_skew`` among the values the group's eligible nodes carry.
-    ``do_not_schedule``: a replica waits rather than break it, and a node without
-    the label cannot hold one; ``schedule_anyway``: a preference, not a rule."""
-
-    label: Annotated[str, Field(min_length=1, max_length=253)]
-    max_skew: Int = Field(default=1, ge=1, le=MAX_REPLICAS)
-    when_unsatisfiable: Literal["do_not_schedule", "schedule_anyway"] = "do_not_schedule"
-
-    @property
-    def hard(self) -> bool:
-        return self.when_unsatisfiable == "do_not_schedule"
 
 
 class TaskGroup(Evolving):

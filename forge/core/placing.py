@@ -1,13 +1,12 @@
 """The place phase of a pass: missing replicas, in priority order, onto nodes.
 
-Which groups it visits (those left incomplete by the last pass, of changed jobs,
-or that lost a binding now), in placement order (job sort key, then the group's
-place in its job), and per missing replica: wait (backoff, reschedule delay),
-defer (a placement or work limit reached), bind, or leave pending with the reason
-the placer gives. Replicas refused are remembered for the phases after it: those
-asking no GPU that the GPU reservation turned away are tried once more when it is
-lifted, and, with preemption on, every refused one may evict lower-priority work
-(:mod:`forge.core.preempting`).
+It walks the groups :mod:`forge.core.visiting` lists (in placement order) and, per
+missing replica: wait (backoff, reschedule delay), defer (a placement or work limit
+reached; :func:`forge.core.waiting.defer_groups` keeps their entries), bind, or
+leave pending with the reason the placer gives. Replicas refused are remembered
+for the phases after it: those asking no GPU that the GPU reservation turned away
+are tried once more when it is lifted, and, with preemption on, every refused one
+may evict lower-priority work (:mod:`forge.core.preempting`).
 
 The per-replica loop is the hot path of a large first pass (50,000 replicas): it
 keeps what it reads in local variables and calls out only for the rare cases.
@@ -16,34 +15,16 @@ keeps what it reads in local variables and calls out only for the rare cases.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import NamedTuple
 
 from forge.core.groups import Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import PREEMPTED, Wanted
-from forge.core.queue import GroupOrder, Queue, SortKey, sort_key
-from forge.core.waiting import backoff_delay, waiting
+from forge.core.queue import SortKey
+from forge.core.waiting import Deferred, backoff_delay, waiting
 
-__all__ = [
-    "Bound",
-    "Deferred",
-    "Placing",
-    "binding",
-    "defer_groups",
-    "incomplete",
-    "ordered",
-    "to_visit",
-]
-
-
-class Deferred(NamedTuple):
-    """A group the pass stopped before, with how many of its replicas it left."""
-
-    job: str
-    group: str
-    left: int
+__all__ = ["Bound", "Placing", "binding"]
 
 
 class Bound:
@@ -417,148 +398,6 @@ class Placing:
             plan.placed.append(b)
             del plan.pending[w.wid]
             self.placed += 1
-
-
-def to_visit(
-    groups: Groups,
-    queue: Queue,
-    changed_jobs: list[str],
-    jobs: Mapping[str, Job],
-    dropped: list[Binding],
-    bound: Bound | Mapping[GroupKey, int],
-    version: int,
-) -> list[tuple[SortKey, GroupKey]]:
-    """The groups this pass may place into, in placement order (job sort key, then
-    the group's place in its job): those left incomplete by the last pass, those of
-    changed jobs and those that lost a binding now, less the ones fully bound. A
-    walk over every job in order would place into exactly these, in this order.
-
-    The last pass's incomplete groups come already ordered (``queue.order``): only
-    the groups of changed jobs (whose order may have moved) and those that lost a
-    binding are placed among them, so a pass behind a big backlog does not sort the
-    whole backlog again."""
-
-    def wanting(keys: Iterable[GroupKey]) -> list[GroupKey]:
-        """Those of ``keys`` with fewer bindings than replicas desired."""
-        if isinstance(bound, Bound):  # the carry's index, read without a call per group
-            held = bound.by_group
-            return [
-                key
-                for key in keys
-                if (entry := groups.get(key)) is not None
-                and len(held.get(key) or ()) < entry.spec.scaling.desired
-            ]
-        return [
-            key
-            for key in keys
-            if (entry := groups.get(key)) is not None
-            and bound.get(key, 0) < entry.spec.scaling.desired
-        ]
-
-    carried, last = queue.order, queue.incomplete
-    kept: list[tuple[GroupOrder, GroupKey]]
-    if carried is None or last is None:
-        # every group a key (after a continue-as-new): the fully bound ones leave
-        # before any is ordered, so a new run's first pass sorts only the incomplete
-        keys = set(groups) if last is None else set(last)
-        if last is not None:
-            keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
-            keys.update((b.job, b.group) for b in dropped)
-        kept = [(o, k) for k in wanting(keys) if (o := _order(groups, k, version)) is not None]
-    else:
-        # The carried groups were incomplete when the last pass ended, and only a
-        # pass binds: they still are, unless their job changed (then it is ordered
-        # again like any new key). Only the new keys are looked at, not the backlog.
-        moved = set(changed_jobs)
-        kept = [e for e in carried if e[1][0] not in moved] if moved else list(carried)
-        extra = {(j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups}
-        extra.update((b.job, b.group) for b in dropped if (b.job, b.group) not in last)
-        kept.extend(
-            (o, key)
-            for key in wanting(sorted(extra))
-            if (o := _order(groups, key, version)) is not None
-        )
-    kept.sort()  # the carried part is in order already: a merge, not a sort
-    queue.visiting = kept  # for ordered(), at the end of the pass
-    return [(order[0], key) for order, key in kept]
-
-
-def _order(groups: Groups, key: GroupKey, version: int) -> GroupOrder | None:
-    entry = groups.get(key)
-    if entry is None:
-        return None
-    job = entry.job
-    names = [x.name for x in job.groups]
-    return (sort_key(job, version), names.index(entry.spec.name))
-
-
-def ordered(
-    queue: Queue, keep: set[GroupKey], groups: Groups, version: int
-) -> list[tuple[GroupOrder, GroupKey]]:
-    """``keep`` as the next pass's ``to_visit`` takes it: the groups this pass
-    visited (``queue.visiting``) in its order, then any others (sorted in then)."""
-    out = [e for e in queue.visiting if e[1] in keep]
-    queue.visiting = []
-    if len(out) < len(keep):
-        seen = {key for _, key in out}
-        out.extend(
-            (o, key)
-            for key in sorted(keep - seen)
-            if (o := _order(groups, key, version)) is not None
-        )
-    return out
-
-
-def incomplete(
-    keys: Iterable[GroupKey],
-    by_group: Mapping[GroupKey, Mapping[str, None]],
-    groups: Groups,
-) -> set[GroupKey]:
-    """The groups among ``keys`` with fewer bindings than replicas desired."""
-    out = set()
-    for key in keys:
-        entry = groups.get(key)
-        if entry is not None and len(by_group.get(key) or ()) < entry.spec.scaling.desired:
-            out.add(key)
-    return out
-
-
-def defer_groups(
-    plan: Plan,
-    deferred: list[Deferred],
-    tail: list[GroupKey],
-    tail_left: int,
-    groups: Groups,
-    pending: Mapping[str, PendingEntry],
-    failures: Mapping[str, FailureHistory],
-    just_failed: Collection[str],
-    now: float,
-    capacity_freed: bool,
-) -> None:
-    """Leave the unbound replicas of ``deferred`` groups for the next pass, in
-    O(groups + pending) rather than one step per replica: they are counted, not
-    listed (a missing replica without an entry is simply tried next time), their
-    earlier entries (backoff attempts, reschedule delays) are kept, and one that
-    failed in this very pass still gets its reschedule policy applied."""
-    keys = {(d.job, d.group) for d in deferred}
-    keys.update(tail)  # the groups deferred whole, ``tail_left`` replicas in all
-    kept = 0
-    # the entries a one-by-one pass would have kept: the same rule, waiting()
-    for wid in sorted(just_failed) + [w for w in pending if w not in just_failed]:
-        if wid in plan.pending or wid in plan.bindings:
-            continue
-        job_id, group, ordinal = wid.rsplit("/", 2)
-        entry = groups.get((job_id, group))
-        if (job_id, group) not in keys or entry is None:
-            continue
-        policy = entry.spec.reschedule
-        wait = waiting(
-            pending.get(wid), failures.get(wid), policy, wid in just_failed, now, capacity_freed
-        )
-        if wait is not None and int(ordinal) < entry.spec.scaling.desired:
-            plan.pending[wid] = wait
-            kept += 1
-    plan.deferred += sum(d.left for d in deferred) + tail_left - kept
 
 
 def _attempts(prev: PendingEntry | None) -> int:

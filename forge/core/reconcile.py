@@ -20,7 +20,8 @@ The order of a pass:
 
 Like Nomad's ``Compute()``, :func:`reconcile` is a short driver over named phases,
 each in its own module: the group index (:mod:`forge.core.groups`), release and the
-carry (:mod:`forge.core.release`), rolling updates (:mod:`forge.core.rolling`),
+carry (:mod:`forge.core.release`; the pass's release steps, drain and gang restarts
+in :mod:`forge.core.releasing`), rolling updates (:mod:`forge.core.rolling`),
 placement (:mod:`forge.core.placing`), who waits and how long
 (:mod:`forge.core.waiting`: backoff, reschedule delays), preemption
 (:mod:`forge.core.preempting`). The options and results live in
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from forge.core.disruption import budget_left
 from forge.core.groups import (
     Group,
     GroupKey,
@@ -40,9 +40,9 @@ from forge.core.groups import (
     still_desired,
     update_groups,
 )
-from forge.core.models import Job, Node, Request, TaskGroup, workload_id
+from forge.core.models import Job, Node, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, Placer
-from forge.core.placing import Bound, Placing, defer_groups, incomplete, ordered, to_visit
+from forge.core.placing import Bound, Placing
 from forge.core.plan import (
     DEFAULT_GPU_RESERVE,
     Algorithm,
@@ -53,11 +53,11 @@ from forge.core.plan import (
 )
 from forge.core.preempting import Phase
 from forge.core.queue import Queue, SortKey
-from forge.core.release import DRAINING, Carry, release_all, release_changed
-from forge.core.rolling import GroupRollout, plan_rollouts
-from forge.core.rollout import BUDGET_WAIT
-from forge.core.spread_down import SPREAD_DOWN, spread_moves
-from forge.core.waiting import backoff_delay, reschedule_delay
+from forge.core.release import Carry
+from forge.core.releasing import Releasing
+from forge.core.rolling import GroupRollout
+from forge.core.visiting import incomplete, ordered, to_visit
+from forge.core.waiting import backoff_delay, defer_groups, reschedule_delay
 
 __all__ = [
     "DEFAULT_GPU_RESERVE",
@@ -76,8 +76,6 @@ __all__ = [
 
 
 DEFAULT_OPTIONS = ReconcileOptions()
-#: Work units one binding costs the release phase (a node check costs one).
-RELEASE_UNITS = 2
 #: The work budget the cluster workflow gives a pass: ~0.4 s of planning on an idle
 #: core (a unit costs ~1.3 us: a node checked or scored), leaving room under
 #: Temporal's 2 s activation limit on a loaded machine.
@@ -141,23 +139,7 @@ def reconcile(
     return p.finish(preempted)
 
 
-#: Release reasons that break a gang (a restart_all gang then releases the rest, to
-#: be placed again together): a member lost, or replaced by a rolling update's wave
-#: (a gang runs one version: it is updated whole). Not a scale-down or a stop.
-MEMBER_LOST = frozenset(
-    {
-        "node removed",
-        "node lost",
-        "node draining",
-        "failed",
-        "node capacity changed",
-        "constraints changed",
-        "rollout",
-    }
-)
-
-
-class _Pass:
+class _Pass(Releasing):
     """One pass's shared state; :func:`reconcile` runs its phases in order.
 
     With a carry, what did not change since its pass is reused: the group index and
@@ -213,193 +195,6 @@ class _Pass:
                 return groups_of(jobs)
             update_groups(carry.groups, self.changed_jobs, carry.jobs, jobs)
         return carry.groups
-
-    def _release(self, wid: str, b: Binding, reason: str) -> None:
-        """Release one binding; a failed one enters its failure history."""
-        self.plan.released.append((wid, reason))
-        self.plan.dropped.append(b)
-        if reason == "failed":
-            entry = self.groups.get((b.job, b.group))
-            self.just_failed.add(wid)
-            past = self.given_failures.get(wid, FailureHistory())
-            window = entry.spec.reschedule.interval if entry else 0.0
-            now = self.now
-            times = (*tuple(t for t in past.times if t > now - window), now)
-            self.failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
-
-    def release(self, bindings: Mapping[str, Binding]) -> None:
-        """1. Release what is no longer wanted where it is (forge.core.release)."""
-        carry, rolling = self.carry, self.options.rollouts
-        if carry is None:
-            checked = len(bindings)
-            self.bound = release_all(
-                self.plan.bindings,
-                bindings,
-                self.groups,
-                self.cluster,
-                self.failed,
-                self.node_ok,
-                self._release,
-                rolling,
-                self.held,
-            )
-        else:
-            checked = release_changed(
-                carry,
-                self.jobs,
-                self.nodes,
-                self.groups,
-                self.changed_jobs,
-                self.failed,
-                self.node_ok,
-                self._release,
-                rolling,
-                self.held,
-            )
-            self.bound = Bound(carry.by_group)
-        self.release_work = RELEASE_UNITS * checked
-
-    def disruption_left(self, key: GroupKey) -> int | None:
-        """What the group's disruption budget lets go now (forge.core.disruption)."""
-        bound = self.bound
-        return budget_left(self.groups, key, lambda k: bound.get(k, 0))
-
-    def _unbind(self, wid: str, b: Binding) -> None:
-        """Take a kept binding off its node and out of the plan (and the bound count)."""
-        self.cluster.by_id[b.node].unhold(b)
-        if self.carry is not None:
-            self.carry.drop(wid, b)  # (the group's bound count with it)
-        else:
-            del self.plan.bindings[wid]
-            assert isinstance(self.bound, dict)
-            self.bound[(b.job, b.group)] -= 1
-
-    def drain(self) -> None:
-        """1a. Release the replicas held on draining nodes (budgeted groups'), each
-        while its group's disruption budget lets; the rest wait on their node."""
-        held = self.held
-        if not held:
-            if self.carry is not None:
-                self.carry.draining = {}
-            return
-        waiting: dict[str, None] = {}
-        for wid, b in sorted(held, key=lambda x: x[0]):  # one order, carried or not
-            key = (b.job, b.group)
-            left = self.disruption_left(key)
-            if left is not None and left <= 0:
-                waiting[wid] = None
-                self.limited.add(key)
-                continue
-            self._unbind(wid, b)
-            self._release(wid, b, DRAINING)
-        self.plan.drain_held = list(waiting)
-        if self.carry is not None:
-            self.carry.draining = waiting
-
-    def roll(
-        self,
-        rollouts: Mapping[str, GroupRollout],
-        since: Mapping[str, float],
-        promoted: Mapping[str, None],
-        health: Mapping[str, bool] | None,
-    ) -> None:
-        """1b. Rolling updates: old versions replaced in waves (forge.core.rolling)."""
-        plan, carry = self.plan, self.carry
-        pairs = zip(plan.released, plan.dropped, strict=True)
-        failed_now = {w: b for (w, why), b in pairs if why == "failed"}
-        # A group with no binding has no replica off its version; one with bindings
-        # all compared with their group's version before (versions_seen), whose job
-        # did not change, has none either: neither needs looking at (beside the
-        # groups rolling now, which plan_rollouts adds).
-        if carry is not None and carry.versions_seen:
-            only = set(carry.roll_check)
-            jobs = self.jobs
-            only.update((j, g.name) for j in self.changed_jobs if j in jobs for g in jobs[j].groups)
-        else:
-            only = {k for k, n in self.bound.items() if n}  # every bound group
-        plan.rollouts = plan_rollouts(
-            groups=self.groups,
-            bindings=plan.bindings,
-            rollouts=rollouts,
-            since=since,
-            failed=failed_now,
-            promoted=promoted,
-            health=health,
-            now=self.now,
-            only=only,
-            budget=self.disruption_left if self.options.disruption_budgets else None,
-        )
-        for wid in plan.rollouts.stop:
-            b = plan.bindings[wid]
-            self._unbind(wid, b)
-            self._release(wid, b, "rollout")
-        for name, s in plan.rollouts.steps.items():
-            if s.waiting == BUDGET_WAIT:
-                job_id, group = name.split("/", 1)
-                self.limited.add((job_id, group))
-
-    def release_gangs(self) -> None:
-        """1c. A gang (``on_member_loss: restart_all``) that lost a member in this
-        pass (its node lost, drained, removed or shrunk, a task failed, a rolling
-        update's wave) releases the rest, so the place phase places it again,
-        together (after a rollout's first wave: all of it on the new version)."""
-        plan, carry = self.plan, self.carry
-        lost: set[GroupKey] = set()
-        for (_, why), b in zip(plan.released, plan.dropped, strict=True):
-            if why in MEMBER_LOST:
-                lost.add((b.job, b.group))
-        for key in sorted(lost):
-            entry = self.groups.get(key)
-            if entry is None or not entry.spec.gang or entry.spec.on_member_loss != "restart_all":
-                continue
-            job, g, _ = entry
-            for ordinal in range(g.scaling.desired):
-                wid = workload_id(job.id, g.name, ordinal)
-                held = plan.bindings.get(wid)
-                if held is None:
-                    continue
-                self.cluster.by_id[held.node].unhold(held)
-                if carry is not None:
-                    carry.drop(wid, held)
-                else:
-                    del plan.bindings[wid]
-                    assert isinstance(self.bound, dict)
-                    self.bound[key] -= 1
-                self._release(wid, held, "gang member lost")
-
-    def spread_down(self) -> None:
-        """1d. A group with ``do_not_schedule`` spread rules scaled down in this pass
-        and left past a rule's ``max_skew``: kept replicas move off the most loaded
-        value into the slots the scale-down freed (forge.core.spread_down)."""
-        plan, carry = self.plan, self.carry
-        down: dict[GroupKey, list[Binding]] = {}
-        for (_, why), b in zip(plan.released, plan.dropped, strict=True):
-            if why == "scaled down":
-                down.setdefault((b.job, b.group), []).append(b)
-        for key in sorted(down):
-            entry = self.groups.get(key)
-            if entry is None or not entry.spec.spread or (entry.spec.gang and self.options.gangs):
-                continue
-            job, g, _ = entry
-            kept = [
-                held
-                for ordinal in range(g.scaling.desired)
-                if (held := plan.bindings.get(workload_id(job.id, g.name, ordinal))) is not None
-            ]
-            nodes = self.cluster.nodes
-            self.release_work += len(nodes)  # the group's domains
-            for m in spread_moves(job.id, g, nodes, self.cluster.by_id, kept, down[key]):
-                self._unbind(m.wid, m.old)
-                self._release(m.wid, m.old, SPREAD_DOWN)
-                taken = self.cluster.by_id[m.new.node].hold(m.new)
-                assert taken, "a scaled-down replica's slot is free"
-                if carry is not None:
-                    carry.add(m.wid, m.new)
-                else:
-                    plan.bindings[m.wid] = m.new
-                    assert isinstance(self.bound, dict)
-                    self.bound[key] += 1
-                plan.placed.append(m.new)
 
     def _placer(self) -> Placer:
         options = self.options

@@ -288,23 +288,8 @@ def release_changed(
     failed replicas and those the last pass held back on draining nodes. Those of
     budgeted groups on draining nodes are kept and listed in ``held`` (when given).
     Returns how many bindings were checked."""
-    checked = len(carry.stale)
-    for wid, b, why in carry.stale:  # found invalid when loaded
-        entry = groups.get((b.job, b.group))
-        if held is not None and why == DRAINING:
-            alloc = carry.cluster.by_id.get(b.node)
-            why = _reason(wid, b, entry, alloc, failed, {}, rolling, True) or DRAINING
-        if held is not None and _holds(why, wid, b, entry, failed):
-            alloc = carry.cluster.by_id.get(b.node)
-            if alloc is not None and alloc.hold(b):
-                assert entry is not None
-                carry.add(wid, b)
-                carry.floor = min(carry.floor, entry.job.priority)
-                held.append((wid, b))
-                continue
-        release(wid, b, why)
-    carry.stale = []
-    old_nodes, old_jobs = carry.nodes, carry.jobs
+    checked = _release_stale(carry, groups, failed, release, rolling, held)
+    old_nodes = carry.nodes
     changed_nodes = sorted(
         n for n in nodes.keys() | old_nodes.keys() if nodes.get(n) is not old_nodes.get(n)
     )
@@ -331,13 +316,59 @@ def release_changed(
             release(wid, b, reason)
     candidates: dict[str, None] = {}
     for job_id in changed_jobs:
-        for job in (old_jobs.get(job_id), jobs.get(job_id)):
+        for job in (carry.jobs.get(job_id), jobs.get(job_id)):
             for g in job.groups if job is not None else ():
                 candidates.update(carry.by_group.get((job_id, g.name), {}))
     for wid in sorted(failed):
         candidates[wid] = None
     candidates.update(carry.draining)
     carry.draining = {}
+    return checked + _recheck(
+        carry, candidates, on_changed, groups, failed, node_ok, release, rolling, held
+    )
+
+
+def _release_stale(
+    carry: Carry, groups: Groups, failed: set[str], release: Release, rolling: bool, held: Held
+) -> int:
+    """The bindings found invalid when the carry was loaded: released, except those
+    of budgeted groups on draining nodes, kept for the drain step. Returns how many
+    were checked."""
+    checked = len(carry.stale)
+    for wid, b, why in carry.stale:  # found invalid when loaded
+        entry = groups.get((b.job, b.group))
+        if held is not None and why == DRAINING:
+            alloc = carry.cluster.by_id.get(b.node)
+            why = _reason(wid, b, entry, alloc, failed, {}, rolling, True) or DRAINING
+        if held is not None and _holds(why, wid, b, entry, failed):
+            alloc = carry.cluster.by_id.get(b.node)
+            if alloc is not None and alloc.hold(b):
+                assert entry is not None
+                carry.add(wid, b)
+                carry.floor = min(carry.floor, entry.job.priority)
+                held.append((wid, b))
+                continue
+        release(wid, b, why)
+    carry.stale = []
+    return checked
+
+
+def _recheck(
+    carry: Carry,
+    candidates: Mapping[str, None],
+    on_changed: set[str],
+    groups: Groups,
+    failed: set[str],
+    node_ok: dict[tuple[str, tuple[str, str]], bool],
+    release: Release,
+    rolling: bool,
+    held: Held,
+) -> int:
+    """Re-check the bindings of changed groups, failed replicas and those held on
+    draining nodes (``candidates``), less those on changed nodes (decided with their
+    node already). Returns how many were checked."""
+    checked = 0
+    cluster = carry.cluster
     for wid in candidates:
         kept = carry.bindings.get(wid)
         if kept is None or kept.node in on_changed:

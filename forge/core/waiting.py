@@ -11,14 +11,30 @@ blocked evaluations: waiting out a timer while a node sits idle would break
 Failed replicas follow their group's reschedule policy: at most ``attempts``
 reschedules per ``interval``, each after a delay grown by the policy's delay
 function.
+
+Deferred groups (the place phase stopped before them at a placement or work limit)
+wait for the next pass: :func:`defer_groups` keeps their entries by the same rule,
+:func:`waiting`, without a step per replica.
 """
 
 from __future__ import annotations
 
-from forge.core.models import DelayFunction, ReschedulePolicy
-from forge.core.plan import FailureHistory, PendingEntry, ReconcileOptions
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
 
-__all__ = ["backoff_delay", "reschedule_delay", "waiting"]
+from forge.core.groups import GroupKey, Groups
+from forge.core.models import DelayFunction, ReschedulePolicy
+from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
+
+__all__ = ["Deferred", "backoff_delay", "defer_groups", "reschedule_delay", "waiting"]
+
+
+class Deferred(NamedTuple):
+    """A group the pass stopped before, with how many of its replicas it left."""
+
+    job: str
+    group: str
+    left: int
 
 
 def backoff_delay(attempts: int, options: ReconcileOptions) -> float:
@@ -87,3 +103,41 @@ def _rescheduled(hist: FailureHistory, policy: ReschedulePolicy, now: float) -> 
         not_before=now + delay,
         reasons=(f"failed on {hist.last_node}; rescheduling in {delay:g}s",),
     )
+
+
+def defer_groups(
+    plan: Plan,
+    deferred: list[Deferred],
+    tail: list[GroupKey],
+    tail_left: int,
+    groups: Groups,
+    pending: Mapping[str, PendingEntry],
+    failures: Mapping[str, FailureHistory],
+    just_failed: Collection[str],
+    now: float,
+    capacity_freed: bool,
+) -> None:
+    """Leave the unbound replicas of ``deferred`` groups for the next pass, in
+    O(groups + pending) rather than one step per replica: they are counted, not
+    listed (a missing replica without an entry is simply tried next time), their
+    earlier entries (backoff attempts, reschedule delays) are kept, and one that
+    failed in this very pass still gets its reschedule policy applied."""
+    keys = {(d.job, d.group) for d in deferred}
+    keys.update(tail)  # the groups deferred whole, ``tail_left`` replicas in all
+    kept = 0
+    # the entries a one-by-one pass would have kept: the same rule, waiting()
+    for wid in sorted(just_failed) + [w for w in pending if w not in just_failed]:
+        if wid in plan.pending or wid in plan.bindings:
+            continue
+        job_id, group, ordinal = wid.rsplit("/", 2)
+        entry = groups.get((job_id, group))
+        if (job_id, group) not in keys or entry is None:
+            continue
+        policy = entry.spec.reschedule
+        wait = waiting(
+            pending.get(wid), failures.get(wid), policy, wid in just_failed, now, capacity_freed
+        )
+        if wait is not None and int(ordinal) < entry.spec.scaling.desired:
+            plan.pending[wid] = wait
+            kept += 1
+    plan.deferred += sum(d.left for d in deferred) + tail_left - kept

@@ -118,61 +118,9 @@ def grant_agent(url: str, cluster: str, node_id: str, *, password: bool = True) 
         migrate(conn, schema=schema)
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            cur.execute("SELECT current_database(), current_schema()")
-            database, current = (str(v) for v in _fetch(cur))
-            cur.execute(
-                "SELECT role_name FROM agent_roles WHERE cluster = %s AND node_id = %s",
-                (cluster, node_id),
-            )
-            row = cur.fetchone()
-            role = str(row[0]) if row else agent_role_name(database, current, cluster, node_id)
-            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
-            exists = cur.fetchone() is not None
-            if exists and row is None:
-                raise StoreError(
-                    f"a role {role} exists but is no agent of this store: drop it, or "
-                    "grant from the store it belongs to"
-                )
-            ident = sql.Identifier(role)
-            if not exists:
-                cur.execute(
-                    sql.SQL(
-                        "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT"
-                        " NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {}"
-                    ).format(ident, sql.Literal(CONNECTION_LIMIT))
-                )
-            secret = secrets.token_urlsafe(24) if password else None
-            if secret is not None:
-                verifier = conn.pgconn.encrypt_password(secret.encode(), role.encode())
-                cur.execute(
-                    sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                        ident, sql.Literal(verifier.decode())
-                    )
-                )
-            else:
-                cur.execute(sql.SQL("ALTER ROLE {} PASSWORD NULL").format(ident))
-            cur.execute(
-                sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = {}").format(
-                    ident, sql.Literal(IDLE_IN_TRANSACTION)
-                )
-            )
-            # Only where PUBLIC may not connect (the default lets every role): a grant
-            # on the database is one more thing a revoke by another user must undo.
-            cur.execute("SELECT has_database_privilege('public', current_database(), 'CONNECT')")
-            if not _fetch(cur)[0]:
-                cur.execute(
-                    sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
-                        sql.Identifier(database), ident
-                    )
-                )
-            cur.execute(
-                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(current), ident)
-            )
-            cur.execute(
-                sql.SQL(
-                    "GRANT EXECUTE ON FUNCTION " + ", ".join(AGENT_FUNCTIONS) + " TO {}"
-                ).format(ident)
-            )
+            role, database, current, exists = _agent_role(cur, cluster, node_id)
+            secret = _login(conn, cur, role, exists, password)
+            _grant(cur, role, database, current)
             _refuse_wider_rights(cur, role, current)
             cur.execute(
                 "INSERT INTO agent_roles (role_name, cluster, node_id) VALUES (%s, %s, %s)"
@@ -184,6 +132,79 @@ def grant_agent(url: str, cluster: str, node_id: str, *, password: bool = True) 
     finally:
         conn.close()
     return AgentGrant(role=role, created=not exists, url=agent_url(url, role, secret))
+
+
+def _agent_role(cur: psycopg.Cursor[Any], cluster: str, node_id: str) -> tuple[str, str, str, bool]:
+    """Step 1 of a grant: the node's role name (the one recorded, else a new one),
+    the database and schema, and whether the role exists. Refuses a role of that
+    name that this store did not create: it may be anyone's."""
+    cur.execute("SELECT current_database(), current_schema()")
+    database, current = (str(v) for v in _fetch(cur))
+    cur.execute(
+        "SELECT role_name FROM agent_roles WHERE cluster = %s AND node_id = %s",
+        (cluster, node_id),
+    )
+    row = cur.fetchone()
+    role = str(row[0]) if row else agent_role_name(database, current, cluster, node_id)
+    cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+    exists = cur.fetchone() is not None
+    if exists and row is None:
+        raise StoreError(
+            f"a role {role} exists but is no agent of this store: drop it, or "
+            "grant from the store it belongs to"
+        )
+    return role, database, current, exists
+
+
+def _login(
+    conn: psycopg.Connection[Any],
+    cur: psycopg.Cursor[Any],
+    role: str,
+    exists: bool,
+    password: bool,
+) -> str | None:
+    """Step 2: the role as a login without privileges (created if new), a fresh
+    password (or none), and a short idle-in-transaction timeout; returns the
+    password."""
+    ident = sql.Identifier(role)
+    if not exists:
+        cur.execute(
+            sql.SQL(
+                "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT"
+                " NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {}"
+            ).format(ident, sql.Literal(CONNECTION_LIMIT))
+        )
+    secret = secrets.token_urlsafe(24) if password else None
+    if secret is not None:
+        verifier = conn.pgconn.encrypt_password(secret.encode(), role.encode())
+        cur.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(ident, sql.Literal(verifier.decode()))
+        )
+    else:
+        cur.execute(sql.SQL("ALTER ROLE {} PASSWORD NULL").format(ident))
+    cur.execute(
+        sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = {}").format(
+            ident, sql.Literal(IDLE_IN_TRANSACTION)
+        )
+    )
+    return secret
+
+
+def _grant(cur: psycopg.Cursor[Any], role: str, database: str, schema: str) -> None:
+    """Step 3: what the role may do: connect, see the schema, run the agent
+    functions (and nothing else: the tables stay out of its reach)."""
+    ident = sql.Identifier(role)
+    # Only where PUBLIC may not connect (the default lets every role): a grant
+    # on the database is one more thing a revoke by another user must undo.
+    cur.execute("SELECT has_database_privilege('public', current_database(), 'CONNECT')")
+    if not _fetch(cur)[0]:
+        cur.execute(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), ident)
+        )
+    cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
+    cur.execute(
+        sql.SQL("GRANT EXECUTE ON FUNCTION " + ", ".join(AGENT_FUNCTIONS) + " TO {}").format(ident)
+    )
 
 
 def _refuse_wider_rights(cur: psycopg.Cursor[Any], role: str, schema: str) -> None:

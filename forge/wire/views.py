@@ -3,7 +3,8 @@
 Built the same way from the loop's state (the workflow publishes a
 :class:`~forge.wire.contract.LoopStatus` with each pass, and answers the operators'
 queries) and from what the store holds (the client), so the two can never
-disagree on what a number means. No temporalio, no I/O.
+disagree on what a number means. No temporalio, no I/O. What a pass reports to
+the metric meter is :mod:`forge.wire.metrics`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from forge.core.models import Assignment, Job, Node
 from forge.core.placement import Binding, Cluster, Rejection, explain_node, rejection_text
@@ -23,11 +24,9 @@ from forge.stores.base import TaskReport
 from forge.wire import contract as c
 
 __all__ = [
-    "NODE_STATES",
     "PENDING_SHOWN",
     "REASONS_SHOWN",
     "VERDICTS_SHOWN",
-    "Metric",
     "NodeUsage",
     "assignments_page",
     "details",
@@ -37,7 +36,6 @@ __all__ = [
     "node_usage",
     "node_views",
     "parse_ports",
-    "pass_metrics",
     "pass_text",
     "pending_reasons",
     "pending_views",
@@ -49,7 +47,6 @@ PENDING_SHOWN = 200  # pending replicas listed (the rest are counted)
 REASONS_SHOWN = 10  # distinct pending reasons listed
 VERDICTS_SHOWN = 20  # per-node verdicts an explanation lists
 DEFERRED_REASON = "deferred to the next pass (per-pass placement or work limit)"
-NODE_STATES = ("ready", "draining", "lost")  # each has a gauge, zero included
 
 
 def allocations(nodes: Iterable[Node], bindings: Iterable[Binding]) -> Cluster:
@@ -384,68 +381,6 @@ def details(
         lines.append("- pending because:")
         lines.extend(f"  - {n} x {r}" for r, n in reasons)
     return "\n".join(lines)
-
-
-class Metric(NamedTuple):
-    """One instrument reading: the workflow hands these to its metric meter."""
-
-    kind: Literal["gauge", "counter", "histogram", "histogram_float"]
-    name: str
-    description: str
-    value: float
-    attributes: Mapping[str, str] = {}
-    unit: str | None = None
-
-
-def pass_metrics(plan: Plan, nodes: Iterable[Node], elapsed: float) -> list[Metric]:
-    """What a pass reports: replica and node gauges, placement counters, and the
-    planning time (``elapsed`` seconds) and work of the pass."""
-    pending = len(plan.pending) + plan.deferred
-    backoff = sum(1 for e in plan.pending.values() if e.kind == "backoff")
-    out = [
-        Metric("gauge", "forge_replicas_desired", "desired replicas", plan.desired),
-        Metric("gauge", "forge_replicas_bound", "bound replicas", len(plan.bindings)),
-        Metric("gauge", "forge_replicas_pending", "pending replicas", pending),
-        Metric("gauge", "forge_replicas_backoff", "replicas in backoff", backoff),
-    ]
-    states = Counter(str(n.state) for n in nodes)
-    out.extend(
-        Metric("gauge", "forge_nodes", "nodes by state", states.get(s, 0), {"state": s})
-        for s in NODE_STATES
-    )
-    out.append(Metric("counter", "forge_placements_total", "replicas placed", len(plan.placed)))
-    out.append(Metric("counter", "forge_releases_total", "replicas released", len(plan.released)))
-    # every release moves or stops a running replica: by reason, so a move that
-    # nothing asked for (a restart churn bug) shows up in production
-    out.extend(
-        Metric(
-            "counter",
-            "forge_replicas_moved_total",
-            "replicas released from their node, by reason",
-            n,
-            {"reason": reason},
-        )
-        for reason, n in sorted(Counter(r for _, r in plan.released).items())
-    )
-    out.extend(
-        Metric(
-            "counter",
-            "forge_preemptions_total",
-            "replicas evicted for higher-priority work, by reason",
-            n,
-            {"reason": "priority"},
-        )
-        for n in (sum(len(p.victims) for p in plan.preemptions),)
-        if n
-    )
-    out.append(Metric("counter", "forge_passes_total", "reconcile passes", 1))
-    out.append(
-        Metric("histogram_float", "forge_pass_seconds", "time to plan one pass", elapsed, {}, "s")
-    )
-    out.append(
-        Metric("histogram", "forge_pass_work_units", "node checks and scores of a pass", plan.work)
-    )
-    return out
 
 
 def _verdict(rejection: Rejection | None) -> str:

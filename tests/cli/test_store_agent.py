@@ -82,7 +82,7 @@ def test_revoke_agent_drops_the_role_and_a_second_revoke_is_not_found(
     assert out.strip() == f"store role {role} of node n1 in cluster default dropped"
     assert role_row(store_url, role) is None
     code, out, err = run(capsys, "revoke-agent", "n1", "--store", store_url)
-    # NotFound exits 1, apart from malformed input's 2 (tests/test_errors.py)
+    # NotFound exits 1, apart from malformed input's 2 (tests/system/test_errors.py)
     assert (code, out) == (1, "")
     assert "node n1 of cluster default has no agent role to revoke" in err
     code, _, err = run(capsys, "revoke-agent", "n9", "--store", store_url, "--cluster", "other")

@@ -1,6 +1,6 @@
 """Preemption: the victim search (forge.core.preemption) against brute force, and
 the pass's phase (forge.core.preempting) through the simulated loop, whose every
-pass is checked by tests/test_reconcile.py's invariants (check_preemptions)."""
+pass is checked by tests/core/sim.py's invariants (check_preemptions)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from forge.core.models import DisruptionBudget, Job, Node
 from forge.core.placement import Binding, Cluster, NodeAlloc
 from forge.core.preemption import Holder, Search, find
 from forge.core.reconcile import Plan, ReconcileOptions, reconcile
-from tests.test_reconcile import Sim, group, job, node, sim
+from tests.builders import group, job, node
+from tests.core.sim import Sim, sim
 
 # -- the search, against brute force ---------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Capacity a pass's preemption frees after its placements is used by the next pass
-(regression: ``tests/test_reconcile.py`` TestReconcileMachine, hypothesis seed 13,
+(regression: ``tests/core/test_reconcile.py`` TestReconcileMachine, hypothesis seed 13,
 "y4/g0/3 left pending but n3 can take it").
 
 The pass places in order, then preempts for the replicas that found no node. A

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from forge.core.reconcile import Carry, Plan, ReconcileOptions, reconcile
 from tests import strategies as fs
-from tests.test_reconcile import Sim, plan_key
+from tests.core.sim import Sim, plan_key
 
 
 def _pass(sim: Sim, carry: Carry | None) -> Plan:

@@ -11,8 +11,8 @@ from forge.core.models import Job
 from forge.core.reconcile import Carry, ReconcileOptions, reconcile
 from forge.core.sharing import SharedGroups
 from tests import strategies as fs
+from tests.core.sim import Sim, plan_key
 from tests.strategies import jobs
-from tests.test_reconcile import Sim, plan_key
 
 
 @settings(max_examples=60, deadline=None)

@@ -8,7 +8,7 @@ A mutation is a unified diff (``git diff`` output) in ``tests/mutations/*.patch`
 whose header, before the diff, says what it plants and which tests must catch it::
 
     # mutation: MAX_GROUPS raised to 10**6
-    # tests: tests/test_limits.py -k groups
+    # tests: tests/core/test_limits.py -k groups
 
 For each patch the runner copies the working tree (tracked and untracked files, not
 ignored ones) to a temporary directory, applies the patch with ``git apply``, and

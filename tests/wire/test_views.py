@@ -9,7 +9,7 @@ from forge.core.models import Job, Node, NodeState
 from forge.core.placement import Binding
 from forge.core.reconcile import PendingEntry, Plan
 from forge.wire import contract as c
-from forge.wire import views
+from forge.wire import metrics, views
 
 
 def _node(node_id: str, state: NodeState = NodeState.READY) -> Node:
@@ -128,7 +128,7 @@ def test_the_status_counts_deferred_replicas_as_not_listed() -> None:
     assert view.nodes[0].replicas == 1 and view.nodes[0].cpu.allocated == 100
 
 
-def _by_name(metrics: list[views.Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _by_name(metrics: list[metrics.Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(m.name, tuple(sorted(m.attributes.items()))): m.value for m in metrics}
 
 
@@ -142,7 +142,7 @@ def test_pass_metrics_report_every_node_state_and_moves_by_reason() -> None:
         desired=6,
         work=42,
     )
-    got = _by_name(views.pass_metrics(plan, [_node("n1"), _node("n2", NodeState.LOST)], 0.25))
+    got = _by_name(metrics.pass_metrics(plan, [_node("n1"), _node("n2", NodeState.LOST)], 0.25))
     assert got[("forge_replicas_desired", ())] == 6
     assert got[("forge_replicas_bound", ())] == 1
     assert got[("forge_replicas_pending", ())] == 4
@@ -155,7 +155,7 @@ def test_pass_metrics_report_every_node_state_and_moves_by_reason() -> None:
     assert got[("forge_passes_total", ())] == 1
     assert got[("forge_pass_seconds", ())] == 0.25
     assert got[("forge_pass_work_units", ())] == 42
-    kinds = {m.name: m.kind for m in views.pass_metrics(plan, [], 0.0)}
+    kinds = {m.name: m.kind for m in metrics.pass_metrics(plan, [], 0.0)}
     assert kinds["forge_pass_seconds"] == "histogram_float"
     assert kinds["forge_placements_total"] == "counter"
 

@@ -16,6 +16,7 @@ from forge.wire import contract as c
 from forge.wire import errors as wire
 from workflows import handlers as handlers_module
 from workflows.handlers import Handlers
+from workflows.inputs import update_arg
 
 
 def _raw(value: object) -> RawValue:
@@ -26,7 +27,7 @@ def _due(monkeypatch: pytest.MonkeyPatch) -> tuple[Handlers, list[type]]:
     h = Handlers(c.ClusterInput(cluster="c"))
     monkeypatch.setattr(h, "_continue_as_new_due", lambda: True)
     parsed: list[type] = []
-    real = handlers_module.update_arg
+    real = update_arg
 
     def counting(model: type, raw: object) -> object:
         parsed.append(model)

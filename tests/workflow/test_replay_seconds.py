@@ -65,7 +65,7 @@ async def _run(env: WorkflowEnvironment, *, step: float) -> list[WorkflowHistory
 
 def _patches(history: WorkflowHistory) -> set[str]:
     """The patch ids the run recorded (its markers' payloads)."""
-    found = set()
+    found: set[str] = set()
     for ev in history.events:
         if ev.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             for payloads in ev.marker_recorded_event_attributes.details.values():

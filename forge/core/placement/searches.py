@@ -145,27 +145,22 @@ class Searches:
         an equal request this pass; capacity only shrinks, until a revival), and
         scores the feasible ones until ``candidates`` of them keep every
         preference within its skew; when fewer are found it has seen every node,
-        so a replica is refused only if no node passes every rule (invariant 4). A
-        refusal is kept for the group (its replicas are the same and its own rules
-        unchanged) until capacity revives."""
-        if topology.revived < len(self._revived):
-            topology.revived = len(self._revived)
-            topology.why = None
-        elif topology.why is not None:
+        so a replica is refused only if no node passes every rule (invariant 4;
+        the refusal is kept for the group: :meth:`_refuse`)."""
+        if self._still_refused(topology):
             return None
         open_ = self._open(req, constraints)
-        nodes = open_.nodes
+        nodes, dead = open_.nodes, open_.dead
         limit = self._limit(req) or len(nodes)
         fast, soft = self._fast, topology.soft
         best: NodeAlloc | None = None
-        best_score, good, checked, scored = -1e18, 0, 0, 0
-        dead = open_.dead
+        # swept: dead nodes walked over (or found) by this search
+        best_score, good, checked, scored, swept = -1e18, 0, 0, 0, 0
         # the fit kernel (work without GPUs) and the group's rules written out, as in
         # scan.best_in_window: this loop runs once per node looked at
         rcpu, rmemory, rgpu = req.cpu, req.memory, req.gpu
         held = topology.held if topology.distinct else None
         hard, counts, mins = topology.hard, topology.counts, topology.mins
-        swept = 0  # dead nodes walked over (or found) by this search
         for node in nodes:
             checked += 1
             index = node.index
@@ -173,14 +168,13 @@ class Searches:
                 swept += 1
                 continue
             spec = node.node
-            if rgpu:
-                if not fits(node, req):
-                    dead.add(index)
-                    swept += 1
-                    continue
-            elif (
-                spec.cpu - node.cpu_used - node.res_cpu < rcpu
-                or spec.memory - node.mem_used - node.res_mem < rmemory
+            if (
+                (not fits(node, req))
+                if rgpu
+                else (
+                    spec.cpu - node.cpu_used - node.res_cpu < rcpu
+                    or spec.memory - node.mem_used - node.res_mem < rmemory
+                )
             ):
                 dead.add(index)
                 swept += 1
@@ -212,10 +206,26 @@ class Searches:
         self._work += checked + scored + (open_.sweep(checked) if swept else 0)
         self.scored += scored
         if best is None:
-            view = self._eligibility.view(req, constraints)
-            topology.why = self._why_on(req, constraints, view, topology)
+            self._refuse(req, constraints, topology)
             return None
         return Choice(best, self._take(best, req), best_score)
+
+    def _still_refused(self, topology: Topology) -> bool:
+        """Whether the group's last refusal stands: it does until capacity revives
+        (a revival since it forgets it, and the group's nodes are scanned again)."""
+        if topology.revived < len(self._revived):
+            topology.revived = len(self._revived)
+            topology.why = None
+            return False
+        return topology.why is not None
+
+    def _refuse(
+        self, req: Request, constraints: tuple[Constraint, ...], topology: Topology
+    ) -> None:
+        """No node passes every rule: the reason, kept for the group (its replicas
+        are the same and its rules unchanged) until capacity revives."""
+        view = self._eligibility.view(req, constraints)
+        topology.why = self._why_on(req, constraints, view, topology)
 
     def place_gang(
         self,

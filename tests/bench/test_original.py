@@ -24,8 +24,8 @@ from bench.workloads import requests_in_order, synthetic
 from forge.core.models import GpuDevice, Job, Node, NodeState, Request
 from forge.core.placement import Cluster, NodeAlloc, Placer, combined
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def node(

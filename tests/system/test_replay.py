@@ -30,7 +30,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.core import placing, preempting, queue, reconcile, rolling, waiting
+from forge.core import placing, preempting, queue, reconcile, rolling, visiting, waiting
 from forge.core.models import Job
 from forge.core.placement import NodeAlloc, eligible, scorers, select
 from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
@@ -40,7 +40,7 @@ from workflows import patches
 from workflows.cluster import ClusterWorkflow
 
 ALL_PATCHES = [getattr(patches, name) for name in patches.__all__]
-ROOT = Path(__file__).parent / "histories"
+ROOT = Path(__file__).parents[1] / "histories"
 #: The corpus recorded with today's patches (top level), and those recorded before a
 #: patch, kept beside it (``histories/<id>/``; ``baseline/``: before all of
 #: workflows/patches.py's ids): each set replays, and each catches the changes.
@@ -165,11 +165,11 @@ def _wider_waves(*, policy: Any, **kw: Any) -> Any:
 
 CHANGES: dict[str, list[tuple[object, str, object]]] = {
     "priority order reversed": [
-        (placing, "sort_key", _priority_reversed),
+        (visiting, "sort_key", _priority_reversed),
         (queue, "sort_key", _priority_reversed),
     ],
     "equal priorities: job id order reversed": [
-        (placing, "sort_key", _ties_reversed),
+        (visiting, "sort_key", _ties_reversed),
         (queue, "sort_key", _ties_reversed),
     ],
     "GPU devices taken last first": [(NodeAlloc, "matching_gpus", _devices_reversed)],

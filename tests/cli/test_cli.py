@@ -28,9 +28,9 @@ from forge.wire import contract as c
 from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FORGE = str(Path(sys.executable).parent / "forge")
 
 NODES_YAML = """\
@@ -228,7 +228,7 @@ def test_plan_reports_why_a_replica_does_not_fit(
 def test_plan_of_the_spread_example_keeps_replicas_apart_and_says_why_one_waits(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    examples = Path(__file__).parents[1] / "examples"
+    examples = Path(__file__).parents[2] / "examples"
     nodes, jobs = str(examples / "nodes.yaml"), str(examples / "spread.yaml")
     code, out, _ = run(capsys, "plan", "--nodes", nodes, "--jobs", jobs, "--json")
     assert code == 0

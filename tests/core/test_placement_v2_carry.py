@@ -22,7 +22,7 @@ from forge.core.models import (
 from forge.core.placement import Binding, Cluster
 from forge.core.reconcile import Carry, Plan, ReconcileOptions, reconcile
 from tests import strategies as fs
-from tests.test_reconcile import Sim
+from tests.core.sim import Sim
 
 
 def _key(plan: Plan) -> tuple[Any, ...]:

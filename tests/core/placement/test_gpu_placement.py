@@ -35,6 +35,7 @@ from forge.core.placement import (
 from forge.core.placement.filters import diagnose
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from forge.core.reconcile import ReconcileOptions, reconcile
+from tests.builders import job
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 V1 = ReconcileOptions()
@@ -81,10 +82,6 @@ def group(
         scaling=ScalingPolicy(min=0, max=max(desired, 1), desired=desired),
         tolerations=tolerations,
     )
-
-
-def job(jid: str, g: TaskGroup, priority: int = 50) -> Job:
-    return Job(id=jid, name=jid, priority=priority, groups=(g,))
 
 
 def one_pass(

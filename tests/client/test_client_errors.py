@@ -101,9 +101,9 @@ async def test_a_refused_update_is_the_kind_its_type_names(
 
 
 async def test_a_busy_refusal_that_never_clears_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from forge.client import client as client_module
+    from forge.client import transport
 
-    monkeypatch.setattr(client_module, "BUSY_DELAYS", (0.0,))
+    monkeypatch.setattr(transport, "BUSY_DELAYS", (0.0,))
     refusal = WorkflowUpdateFailedError(ApplicationError("continuing as new", type="Busy"))
     with pytest.raises(Busy):
         await _client(refusal).stop_job("x")

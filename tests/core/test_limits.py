@@ -30,7 +30,7 @@ from forge.core.models import Job, Node
 from forge.loaders import InputError, load_jobs, parse_jobs
 from forge.wire import contract as c
 
-DOCS = (Path(__file__).parents[1] / "docs" / "limits.md").read_text()
+DOCS = (Path(__file__).parents[2] / "docs" / "limits.md").read_text()
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -12,7 +12,7 @@ import yaml
 
 from forge.settings import ENV_VARS, Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 WORKERS = [name for name in SERVICES if name.startswith("forge-worker")]

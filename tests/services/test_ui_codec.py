@@ -40,7 +40,7 @@ from tests.cdp import Browser, chromium_binary
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 WF = "forge-cluster-default"
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
+CONFTEST = (Path(__file__).parents[1] / "conftest.py").read_text()
 
 SKIPPING = """
 import os
@@ -116,7 +116,7 @@ def test_a_local_run_is_random_and_prints_a_seed_that_can_be_forced(
     forced.stdout.fnmatch_lines(["*seed 1234: reproduce with `pytest --hypothesis-seed=1234*"])
 
 
-MUTATIONS = sorted((Path(__file__).parent / "mutations").glob("*.patch"))
+MUTATIONS = sorted((Path(__file__).parents[1] / "mutations").glob("*.patch"))
 
 
 @pytest.mark.parametrize("patch", MUTATIONS, ids=lambda p: p.stem)

@@ -41,29 +41,9 @@ from forge.core.placement.kernel import default_score, fits
 from forge.core.placement.scan import AVOID_PENALTY, best_in_window
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
 from tests import strategies as fs
+from tests.builders import node
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def node(
-    nid: str,
-    cpu: int = 4000,
-    memory: int = 4096,
-    *,
-    gpus: int = 0,
-    model: str = "A100",
-    gpu_memory: int = 40960,
-    labels: dict[str, str] | None = None,
-    state: NodeState = NodeState.READY,
-) -> Node:
-    return Node(
-        id=nid,
-        cpu=cpu,
-        memory=memory,
-        gpus=tuple(GpuDevice(id=f"gpu{i}", model=model, memory=gpu_memory) for i in range(gpus)),
-        labels=labels or {},
-        state=state,
-    )
 
 
 def alloc(n: Node) -> NodeAlloc:

@@ -24,7 +24,7 @@ from forge.services.dev import DevError, DevOptions, _codec_port, port_in_use
 from forge.wire.encryption import format_key, new_key
 from tests.agent.helpers import kill_tasks, task_processes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 FORGE = str(Path(sys.executable).parent / "forge")
 

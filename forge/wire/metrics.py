@@ -1,0 +1,83 @@
+"""What a pass reports to the metric meter: replica and node gauges, placement and
+release counters, the planning time and work of the pass.
+
+Pure, like :mod:`forge.wire.views` beside it: the cluster workflow builds the
+readings from the plan and hands them to ``workflow.metric_meter()``
+(:mod:`workflows.presentation`), so what a number means is written once, here,
+and tested without a worker.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple
+
+from forge.core.models import Node
+from forge.core.reconcile import Plan
+
+__all__ = ["NODE_STATES", "Metric", "pass_metrics"]
+
+NODE_STATES = ("ready", "draining", "lost")  # each has a gauge, zero included
+
+
+class Metric(NamedTuple):
+    """One instrument reading: the workflow hands these to its metric meter."""
+
+    kind: Literal["gauge", "counter", "histogram", "histogram_float"]
+    name: str
+    description: str
+    value: float
+    attributes: Mapping[str, str] = {}
+    unit: str | None = None
+
+
+def pass_metrics(plan: Plan, nodes: Iterable[Node], elapsed: float) -> list[Metric]:
+    """What a pass reports: replica and node gauges, placement counters, and the
+    planning time (``elapsed`` seconds) and work of the pass."""
+    pending = len(plan.pending) + plan.deferred
+    backoff = sum(1 for e in plan.pending.values() if e.kind == "backoff")
+    out = [
+        Metric("gauge", "forge_replicas_desired", "desired replicas", plan.desired),
+        Metric("gauge", "forge_replicas_bound", "bound replicas", len(plan.bindings)),
+        Metric("gauge", "forge_replicas_pending", "pending replicas", pending),
+        Metric("gauge", "forge_replicas_backoff", "replicas in backoff", backoff),
+    ]
+    states = Counter(str(n.state) for n in nodes)
+    out.extend(
+        Metric("gauge", "forge_nodes", "nodes by state", states.get(s, 0), {"state": s})
+        for s in NODE_STATES
+    )
+    out.append(Metric("counter", "forge_placements_total", "replicas placed", len(plan.placed)))
+    out.append(Metric("counter", "forge_releases_total", "replicas released", len(plan.released)))
+    # every release moves or stops a running replica: by reason, so a move that
+    # nothing asked for (a restart churn bug) shows up in production
+    out.extend(
+        Metric(
+            "counter",
+            "forge_replicas_moved_total",
+            "replicas released from their node, by reason",
+            n,
+            {"reason": reason},
+        )
+        for reason, n in sorted(Counter(r for _, r in plan.released).items())
+    )
+    out.extend(
+        Metric(
+            "counter",
+            "forge_preemptions_total",
+            "replicas evicted for higher-priority work, by reason",
+            n,
+            {"reason": "priority"},
+        )
+        for n in (sum(len(p.victims) for p in plan.preemptions),)
+        if n
+    )
+    out.append(Metric("counter", "forge_passes_total", "reconcile passes", 1))
+    out.append(
+        Metric("histogram_float", "forge_pass_seconds", "time to plan one pass", elapsed, {}, "s")
+    )
+    out.append(
+        Metric("histogram", "forge_pass_work_units", "node checks and scores of a pass", plan.work)
+    )
+    return out

@@ -30,7 +30,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from forge.core import placing, preempting, queue, reconcile, rolling, visiting, waiting
+from forge.core import placing, preempting, queue, releasing, rolling, visiting, waiting
 from forge.core.models import Job
 from forge.core.placement import NodeAlloc, eligible, scorers, select
 from forge.core.rollout import step as _ORIGINAL_STEP  # what rolling calls
@@ -189,7 +189,7 @@ CHANGES: dict[str, list[tuple[object, str, object]]] = {
     "preemption finds no victims": [
         (preempting, "find", lambda *a, start=0, **kw: (None, 0, start)),
     ],
-    "a spread scale-down moves nothing": [(reconcile, "spread_moves", lambda *a: [])],
+    "a spread scale-down moves nothing": [(releasing, "spread_moves", lambda *a: [])],
 }
 
 #: The changes to behaviour a patch turns on: histories recorded before that patch

@@ -410,9 +410,8 @@ async def through_loop(env: Env, n_nodes: int, replicas: int) -> dict[str, Any]:
         "nodes": n_nodes, "low": filled, "replicas": replicas, "fill_seconds": fill_seconds,
         "fill_least": least, "fill_mean": mean, "placed": placed,
         "placed_seconds": placed_seconds, "job_run_returned": returned, "bound": bound,
-        "pending": pending,
-        "preempted": preempted,
-        "released": released, "by": dict(sorted(by.items(), reverse=True)), "min_gap": min_gap,
+        "pending": pending, "preempted": preempted, "released": released,
+        "by": dict(sorted(by.items(), reverse=True)), "min_gap": min_gap,
         "task_failures": hist.task_failures, "failure_causes": hist.failure_causes,
         "longest_task": hist.longest_task, "longest_woken_by": hist.longest_woken_by,
         "tasks": hist.tasks, "runs": hist.runs, "replay": replay, "problems": problems,
@@ -438,7 +437,9 @@ def e2e_report(r: dict[str, Any], command: str) -> str:
         + "".join(f", {n:,} by priority {p}" for p, n in r["by"].items())
         + f"; settled at {r['bound']:,} bound, "
         f"{r['pending']:,} pending",
-        f"- WorkflowTaskFailed {r['task_failures']} {r['failure_causes'] or ''}; longest "
+        f"- WorkflowTaskFailed {r['task_failures']}"
+        + (f" {r['failure_causes']}" if r["failure_causes"] else "")
+        + f"; longest "
         f"workflow task {r['longest_task'] * 1000:.0f} ms of {r['tasks']:,} "
         f"({r['longest_woken_by']}); {r['runs']} runs, longest replay "
         f"{_longest_replay(r['replay'])}",

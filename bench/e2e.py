@@ -393,16 +393,20 @@ async def submit_all(fc: ForgeClient, jobs: list[Job]) -> None:
     await fc.submit_jobs(jobs)
 
 
-def stored_count(db: Path, cluster: str, node: str | None = None) -> int:
-    """Bindings persisted (read with plain SQL: cheap enough to poll at 150k)."""
+def stored_count(
+    db: Path, cluster: str, node: str | None = None, *, job_prefix: str | None = None
+) -> int:
+    """Bindings persisted, on ``node`` or of jobs named ``job_prefix``... when given
+    (read with plain SQL: cheap enough to poll at 150k)."""
+    query = "SELECT COUNT(*) FROM assignments WHERE cluster = ?"
+    args: list[str | int] = [cluster]
+    if node is not None:
+        query, args = query + " AND node = ?", [*args, node]
+    if job_prefix is not None:
+        query += " AND substr(job, 1, ?) = ?"
+        args = [*args, len(job_prefix), job_prefix]
     with sqlite3.connect(db) as conn:
-        if node is None:
-            q = conn.execute("SELECT COUNT(*) FROM assignments WHERE cluster = ?", (cluster,))
-        else:
-            q = conn.execute(
-                "SELECT COUNT(*) FROM assignments WHERE cluster = ? AND node = ?", (cluster, node)
-            )
-        return int(q.fetchone()[0])
+        return int(conn.execute(query, args).fetchone()[0])
 
 
 async def summary(fc: ForgeClient) -> c.Summary:

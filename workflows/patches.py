@@ -48,8 +48,8 @@ TOPOLOGY = "topology-rules"
 #: lost (issue 22, forge.core.placing); runs recorded before place them one by one.
 GANGS = "gang-placement"
 
-#: A run also continues as new once the recorded time of its workflow work (each
-#: pass's planning, and the updates parsed and pages loaded in between, handed back
+#: A run also continues as new once the recorded time of its workflow work after its
+#: bootstrap (each pass's planning, the updates parsed and pages loaded, handed back
 #: by the persist activity so history holds them) reaches ``max_replay_seconds``:
 #: a worker taking the run over replays about that much, on a loaded machine too.
 #: Runs recorded before it count replicas examined and jobs submitted only.

@@ -19,6 +19,7 @@ from temporalio.worker import Replayer
 
 from forge import clocks
 from forge.client.client import ForgeClient
+from forge.wire import activity_contract as ac
 from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster, default_options, job, node
 from workflows import patches
@@ -77,6 +78,15 @@ def _patches(history: WorkflowHistory) -> set[str]:
     }
 
 
+def _persists(history: WorkflowHistory) -> int:
+    return sum(
+        1
+        for ev in history.events
+        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and ev.activity_task_scheduled_event_attributes.activity_type.name == ac.ACT_PERSIST
+    )
+
+
 def _ended_by_continue_as_new(history: WorkflowHistory) -> bool:
     return history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
 
@@ -89,6 +99,9 @@ async def test_a_slow_worker_ends_its_runs_sooner_and_any_worker_replays_them(
     assert len(quick) == 1  # a few real seconds of work at most: one run
     assert len(slow) >= 3  # ~1 s recorded a pass: a run every eight or so
     assert all(_ended_by_continue_as_new(h) for h in slow[:-1])
+    # the bootstrap (a run replays it whatever it does next) is not counted: each run
+    # gets passes of its own, never one pass and out
+    assert all(_persists(h) >= 2 for h in slow[:-1]), [_persists(h) for h in slow]
     assert all(patches.REPLAY_SECONDS in _patches(h) for h in slow)
     replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
     for history in [*quick, *slow]:

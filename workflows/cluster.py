@@ -72,6 +72,7 @@ class ClusterWorkflow(Presentation):
         self.watch = StoreWatch()
         self.published = ""  # the last status published (without per-pass fields)
         self.adaptive = False  # the adaptive-budget patch, decided by each pass
+        self.to_target = False  # the budget-to-target patch, likewise
         self.plan_started = 0.0  # perf_counter at the pass's planning (a measurement)
         self.budget_used = MAX_WORK  # the budget the last plan was given
 
@@ -224,6 +225,7 @@ class ClusterWorkflow(Presentation):
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)
+        self.to_target = self.adaptive and workflow.patched(patches.BUDGET_TO_TARGET)
         if work and self.adaptive and self.st.pass_budget:
             # as long as the recorded timings say (never above the watchdog's)
             work = min(work, self.st.pass_budget)
@@ -405,6 +407,7 @@ class ClusterWorkflow(Presentation):
                 result.plan_seconds,
                 deferred=plan.deferred > 0,
                 ceiling=self.st.max_work or MAX_WORK,
+                to_target=self.to_target,
             )
         return True
 

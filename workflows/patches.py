@@ -1,9 +1,10 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Seven are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
-``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``). The round before
-folded every earlier patch (work budgets, the published status, rolling updates and health checks,
-placement version 2, dropped-signal notices) into one baseline, since no user runs
+Eight are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``, ``BUDGET_TO_TARGET``).
+The round before folded every earlier patch (work budgets, the published status,
+rolling updates and health checks, placement version 2, dropped-signal notices)
+into one baseline, since no user runs
 histories recorded before them, and re-recorded the replay corpus (tests/histories/).
 The rule from here on (README "Tests"): a behaviour change to code a pass runs gets
 an id here, named by the behaviour (``"gpu-spread-score"``, never ``"v3"``), a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 __all__ = [
     "ADAPTIVE_BUDGET",
+    "BUDGET_TO_TARGET",
     "DISRUPTION_BUDGETS",
     "GANGS",
     "PREEMPTION",
@@ -60,3 +62,9 @@ REPLAY_SECONDS = "replay-seconds"
 #: released from the most loaded value first (issue 22, forge.core.spread_down);
 #: runs recorded before it release the highest ordinals and leave the skew.
 SPREAD_SCALE_DOWN = "spread-scale-down"
+
+#: A pass that left work grows the next one's budget toward the target time from
+#: anywhere under 90% of it (forge.core.budget), not only from under half: a budget
+#: kept in between could stay below what the head of a backlog costs to walk, and
+#: then pass after pass placed nothing. Runs recorded before it keep it there.
+BUDGET_TO_TARGET = "budget-to-target"

@@ -33,3 +33,17 @@ def test_the_budget_stays_in_bounds_and_never_grows_after_a_slow_pass(
         assert nxt <= current
         # the same work at the new budget would take about the target (or the floor)
         assert nxt == MIN_PASS_BUDGET or nxt * seconds / current <= TARGET_SECONDS + 1e-9
+
+
+def test_to_target_grows_a_budget_that_left_work_from_anywhere_under_the_target() -> None:
+    """Between half the target and the target, the plain rule keeps the budget: a
+    backlog whose head costs more than it to walk then never gets placed."""
+    slow_enough = TARGET_SECONDS * 0.6
+    assert next_budget(77_000, slow_enough, deferred=True, ceiling=CEILING) == 77_000
+    grown = next_budget(77_000, slow_enough, deferred=True, ceiling=CEILING, to_target=True)
+    assert grown == int(77_000 / 0.6)  # in proportion to the time left
+    # nothing left, or already near the target: kept
+    done = next_budget(77_000, slow_enough, deferred=False, ceiling=CEILING, to_target=True)
+    assert done == 77_000
+    near = TARGET_SECONDS * 0.95
+    assert next_budget(77_000, near, deferred=True, ceiling=CEILING, to_target=True) == 77_000

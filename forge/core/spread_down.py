@@ -75,6 +75,12 @@ def spread_moves(
             if counts[i]
         )
 
+    def score() -> tuple[int, int]:
+        # the skew past the rules first; then how uneven the counts are, so a move
+        # off one of two equally loaded values counts as progress ({3, 3, 0, 0} to
+        # {2, 3, 1, 0} leaves the excess as it was, and then {2, 2, 1, 1} ends it)
+        return excess(), sum(n * n for i, _ in hard for n in counts[i].values())
+
     def usable(s: Binding) -> bool:
         alloc = by_id.get(s.node)
         return (
@@ -92,8 +98,8 @@ def spread_moves(
     group = sorted(kept, key=lambda b: b.ordinal)
     moves: list[Move] = []
     while slots:
-        now = excess()
-        if not now:
+        now = score()
+        if not now[0]:
             break
         i, rule = next((i, r) for i, r in hard if _skew(counts[i]) > r.max_skew)
         top = max(counts[i].values())
@@ -115,7 +121,7 @@ def spread_moves(
                 if s.node == k.node or (g.distinct_hosts and s.node in on):
                     continue
                 _shift(counts, hard, values(k.node), values(s.node))
-                better = excess() < now
+                better = score() < now
                 _shift(counts, hard, values(s.node), values(k.node))  # undo
                 if better:
                     found = (k, s)

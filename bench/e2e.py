@@ -305,7 +305,7 @@ async def history_length(client: Client, workflow_id: str) -> tuple[str, int]:
 
 #: The GPU reservation the loop plans with (the workflow plans with placement version 2
 #: over the cluster's options; the benchmarks start clusters with the defaults).
-LOOP_GPU_RESERVE = ReconcileOptions(placement_version=2).effective_gpu_reserve
+LOOP_GPU_RESERVE = ReconcileOptions().effective_gpu_reserve
 
 
 async def check_invariants(

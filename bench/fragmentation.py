@@ -173,7 +173,6 @@ def simulate(
         algorithm=policy,
         candidates=candidates,
         seed=seed,
-        version=2,
         workload=workload,
     )
     run = Run(trace, label or f"{policy}@{candidates}", seed)

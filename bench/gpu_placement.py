@@ -143,12 +143,10 @@ def compare(
     rows: list[Quality] = [run_original("original (exhaustive port)", nodes, jobs)]
     print(f"  {rows[-1]}", flush=True)
     base = ReconcileOptions(max_placements=1_000_000_000)
-    rows.append(run_forge("forge v1 (binpack + GpuPreserve)", nodes, jobs, base))
-    print(f"  {rows[-1]}", flush=True)
     v2: list[Quality] = []
     for r in reserves:
-        opts = base.model_copy(update={"placement_version": 2, "gpu_reserve": r})
-        v2.append(run_forge(f"forge v2, reserve {r}/1000", nodes, jobs, opts))
+        opts = base.model_copy(update={"gpu_reserve": r})
+        v2.append(run_forge(f"forge, reserve {r}/1000", nodes, jobs, opts))
         print(f"  {v2[-1]}", flush=True)
     rows += v2
     o = rows[0]

@@ -468,13 +468,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(utilisation after placing; see bench/original.py)",
     )
     parser.add_argument(
-        "--placement-version",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="Forge's placement version (2: GPU reservation; see README Placement)",
-    )
-    parser.add_argument(
         "--workload",
         choices=("synthetic", "pending"),
         default="synthetic",
@@ -484,8 +477,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     argv_list = list(sys.argv[1:] if argv is None else argv)
     sizes = _parse_sizes(args.sizes)
-    global OPTIONS
-    OPTIONS = OPTIONS.model_copy(update={"placement_version": args.placement_version})
 
     print(
         f"# Forge placement benchmark (Python {platform.python_version()}, {platform.machine()}, "
@@ -493,8 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         "Forge: forge.core.reconcile.reconcile, binpack, "
-        f"candidates={OPTIONS.candidates}, seed={OPTIONS.seed}, "
-        f"placement version {args.placement_version}. "
+        f"candidates={OPTIONS.candidates}, seed={OPTIONS.seed}. "
         f"Original: bench.original (exhaustive), variant {args.original_variant!r}."
     )
     notes: list[str] = []

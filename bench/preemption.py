@@ -133,9 +133,7 @@ def _job(name: str, replicas: int, cpu: int, memory: int, priority: int) -> Job:
 
 def _options(replicas: int, *, preemption: bool = True) -> ReconcileOptions:
     """``forge plan``'s options (placement version 2, no work budget)."""
-    return ReconcileOptions(
-        max_placements=max(1, replicas), placement_version=2, preemption=preemption
-    )
+    return ReconcileOptions(max_placements=max(1, replicas), preemption=preemption)
 
 
 def _median(runs: int, fn: Callable[[], tuple[Plan, float]]) -> tuple[Plan, float, list[float]]:
@@ -166,9 +164,7 @@ def offline(nodes: list[Node], low: list[Job], high: list[Job], runs: int) -> di
 def through_budget(nodes: list[Node], low: list[Job], high: list[Job]) -> dict[str, Any]:
     """Pass after pass with a carry and the workflow's work budget, as the loop."""
     by_id = {n.id: n for n in nodes}
-    loop_opts = ReconcileOptions(
-        placement_version=2, rollouts=True, max_work=MAX_WORK, pending_units=PENDING_UNITS
-    )
+    loop_opts = ReconcileOptions(rollouts=True, max_work=MAX_WORK, pending_units=PENDING_UNITS)
     jobs = {j.id: j for j in low}
     plan = reconcile(
         jobs=jobs, nodes=by_id, bindings={}, pending={}, failures={}, now=0.0, options=loop_opts

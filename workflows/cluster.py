@@ -205,12 +205,11 @@ class ClusterWorkflow(Presentation):
         """The pass's options: the cluster's, with the loop's work budget (a pass
         plans at most this much and defers the rest, so no activation runs near the
         SDK's 2 s deadlock limit however big the cluster), rolling updates, health
-        checks and placement version 2."""
+        checks."""
         options = self.st.opts.reconcile
         update: dict[str, object] = {
             "rollouts": True,
             "health_checks": True,
-            "placement_version": 2,
         }
         if not workflow.patched(patches.PREEMPTION):
             update["preemption"] = False  # a history recorded before preemption
@@ -222,6 +221,8 @@ class ClusterWorkflow(Presentation):
             update["gangs"] = False  # a history recorded before gangs
         if not workflow.patched(patches.SPREAD_SCALE_DOWN):
             update["spread_down"] = False  # recorded before scale-down kept spread
+        if not workflow.patched(patches.HELD_BACK_DEFERRED):
+            update["held_back_deferred"] = False  # left held-back replicas a backoff
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)

@@ -16,12 +16,14 @@ from forge.cli.remote import print_json
 from forge.core.models import Job, Node
 from forge.core.placement import Binding
 from forge.core.placement.scorers import ALGORITHMS, Algorithm
+from forge.core.placement.select import DEFAULT_CANDIDATES, WIDER_WINDOW, default_candidates
+from forge.core.plan import DEFAULT_GPU_RESERVE
 from forge.core.reconcile import Plan, ReconcileOptions, reconcile
 from forge.loaders import load_jobs, load_nodes
 
 __all__ = ["COMMANDS", "plan", "plan_passes", "replica_count"]
 
-_CANDIDATES = ReconcileOptions().candidates
+_WIDER = ", ".join(f"{n} for {a}" for a, n in WIDER_WINDOW.items())
 
 
 def replica_count(jobs: Sequence[Job]) -> int:
@@ -83,24 +85,18 @@ def plan_passes(
 @click.option("--jobs", required=True, metavar="FILE", help="jobs: YAML, JSON or trace CSV")
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), default="binpack")
 @click.option(
-    "--placement-version",
-    type=click.Choice(["1", "2"]),
-    default="2",
-    help="1: as recorded workflow histories place; 2 (default): GPU reservation, "
-    "GPU jobs first within a priority, binpack fills nodes in use first",
-)
-@click.option(
     "--gpu-reserve",
     type=Checked(permille, "PERMILLE"),
     default=None,
     help="share of each free GPU's cpu/memory kept from GPU-less work, 0-1000 "
-    "(default: the placement version's)",
+    f"(default {DEFAULT_GPU_RESERVE})",
 )
 @click.option(
     "--candidates",
     type=Checked(nonnegative_int, "N"),
-    default=_CANDIDATES,
-    help=f"feasible nodes scored per replica; 0 scores all (default {_CANDIDATES})",
+    default=None,
+    help=f"feasible nodes scored per replica; 0 scores all (default "
+    f"{DEFAULT_CANDIDATES}; {_WIDER})",
 )
 @click.option(
     "--running",
@@ -126,9 +122,8 @@ def plan(
     nodes: str,
     jobs: str,
     algorithm: str,
-    placement_version: str,
     gpu_reserve: int | None,
-    candidates: int,
+    candidates: int | None,
     running: str | None,
     preemption: bool,
     min_gap: int,
@@ -143,11 +138,12 @@ def plan(
             f"job {clash[0]!r} is in both --running and --jobs", param_hint="--running"
         )
     replicas = replica_count(job_list) + replica_count(running_list)
+    if candidates is None:
+        candidates = default_candidates(algorithm)
     options = ReconcileOptions(
         algorithm=cast(Algorithm, algorithm),  # one of ALGORITHMS (click.Choice)
         candidates=candidates,
         max_placements=max(1, replicas),
-        placement_version=int(placement_version),
         gpu_reserve=gpu_reserve,
         preemption=preemption,
         min_gap=min_gap,

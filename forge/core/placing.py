@@ -379,9 +379,11 @@ class Placing:
             if self.placed + len(missing) <= limit:
                 key = (entry.job.id, entry.spec.name)
                 self._try_gang(entry, missing, self._topologies.get(key), refused=False)
-        for w in self.held_back:
+        for n, w in enumerate(self.held_back):
             if self.placed >= limit:
-                break  # they keep their backoff entries; capacity_changed wakes them
+                if self.options.held_back_deferred:
+                    self._defer_held_back(self.held_back[n:])
+                break  # (before held_back_deferred they kept their backoff entries)
             hist = self.failures.get(w.wid)
             avoid = hist.last_node if hist else None
             topo = self._topologies.get((w.job.id, w.group.name))
@@ -398,6 +400,23 @@ class Placing:
             plan.placed.append(b)
             del plan.pending[w.wid]
             self.placed += 1
+
+    def _defer_held_back(self, held: list[Wanted]) -> None:
+        """The held-back replicas the placement limit kept from their retry: the
+        reservation no longer turns them away, so they are deferred like the
+        replicas the limit stopped before (tried at the next pass, which runs at
+        once), not left waiting out the backoff of a refusal that no longer holds.
+        A budgeted pass counts them without an entry, as it counts its deferrals.
+        Nor do they preempt: a node can take them now."""
+        plan = self.plan
+        deferred = {w.wid for w in held}
+        self.wanted = [w for w in self.wanted if w.wid not in deferred]
+        for w in held:
+            if self.budget:
+                del plan.pending[w.wid]
+            else:
+                plan.pending[w.wid] = self._deferred_entry
+            plan.deferred += 1
 
 
 def _attempts(prev: PendingEntry | None) -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.fields import Evolving
-from forge.core.placement import Binding
+from forge.core.placement import DEFAULT_CANDIDATES, Binding
 from forge.core.placement.scorers import Algorithm
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-#: The GPU reservation of placement version 2, per mille of each free GPU's share
+#: The GPU reservation, per mille of each free GPU's share
 #: of its node's cpu and memory. bench/gpu_placement.py measured 0-1000: 250-1000
 #: all meet the original on every figure; 1000 strands the fewest GPUs and keeps
 #: a node added for a pending GPU job whole for it (README "Benchmarks").
@@ -44,10 +44,9 @@ class ReconcileOptions(Evolving):
     behaviour old workflow histories were made with: the workflow turns new
     behaviour on under ``workflow.patched`` so replay never diverges.
 
-    ``placement_version`` 2: work that asks no GPU may use a GPU node's cpu and
-    memory only beyond its free GPUs' reservation (``gpu_reserve`` per mille of
-    each free GPU's share; :data:`DEFAULT_GPU_RESERVE` unless set), and binpack /
-    spread drop the GpuPreserve preference the reservation replaces.
+    Work that asks no GPU may use a GPU node's cpu and memory only beyond its free
+    GPUs' reservation (``gpu_reserve`` per mille of each free GPU's share;
+    :data:`DEFAULT_GPU_RESERVE` unless set).
     """
 
     _new_fields = (
@@ -58,10 +57,13 @@ class ReconcileOptions(Evolving):
         "topology",
         "gangs",
         "spread_down",
+        "held_back_deferred",
     )
 
     algorithm: Algorithm = "binpack"
-    candidates: int = Field(default=8, ge=0, description="nodes scored per replica; 0 = all")
+    candidates: int = Field(
+        default=DEFAULT_CANDIDATES, ge=0, description="nodes scored per replica; 0 = all"
+    )
     backoff_base: float = Field(default=1.0, gt=0)
     backoff_cap: float = Field(default=300.0, gt=0)
     max_placements: int = Field(
@@ -83,9 +85,16 @@ class ReconcileOptions(Evolving):
         "work-budget-2, so retrying thousands of unplaceable replicas stays in budget",
     )
     seed: int = 0
-    placement_version: int = Field(default=1, ge=1, le=2)
+    placement_version: int = Field(
+        default=2,
+        ge=1,
+        le=2,
+        description="ignored: there is one placement (version 1, without the GPU "
+        "reservation, was folded into it); accepted because recorded workflow inputs "
+        "name it",
+    )
     gpu_reserve: int | None = Field(
-        default=None, ge=0, le=1000, description="per mille; None: by placement_version"
+        default=None, ge=0, le=1000, description="per mille; None: DEFAULT_GPU_RESERVE"
     )
     rollouts: bool = Field(
         default=False,
@@ -142,12 +151,17 @@ class ReconcileOptions(Evolving):
         "the slots the scale-down freed (forge.core.spread_down), as if it released from "
         "the most loaded value first; the workflow turns it on under a patch",
     )
+    held_back_deferred: bool = Field(
+        default=True,
+        description="replicas the GPU reservation turned away that the pass's placement "
+        "limit then kept from their retry are deferred to the next pass (tried at once) "
+        "instead of keeping a backoff while a node could take them; the workflow turns "
+        "it on under a patch",
+    )
 
     @property
     def effective_gpu_reserve(self) -> int:
-        if self.gpu_reserve is not None:
-            return self.gpu_reserve
-        return DEFAULT_GPU_RESERVE if self.placement_version >= 2 else 0
+        return DEFAULT_GPU_RESERVE if self.gpu_reserve is None else self.gpu_reserve
 
 
 class PendingEntry(BaseModel):

@@ -156,7 +156,7 @@ class Phase:
                 entry = self.groups.get((job_id, group))
                 if entry is not None:
                     job, g, req = entry
-                    out.append((sort_key(job, self.options.placement_version), wid))
+                    out.append((sort_key(job), wid))
                     self._wanted[wid] = Wanted(wid, job, g, int(ordinal), req)
         out.sort(key=lambda x: (x[0], x[1]))
         return [self._wanted[wid] for _, wid in out]

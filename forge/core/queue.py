@@ -1,7 +1,7 @@
 """The placement queue of a pass: which groups it looks at, and in what order,
 without walking every job.
 
-A pass places in priority order, then (placement version 2) jobs asking GPUs first,
+A pass places in priority order, then jobs asking GPUs first,
 then job id, group order. Walking and sorting every job each pass costs what the
 cluster holds, not what changed: at 50,000 jobs that was ~0.3 s of every pass (a
 sort, a group index rebuilt, one look at each fully bound group), uncounted by the
@@ -29,7 +29,7 @@ from forge.core.models import Job
 
 __all__ = ["GroupOrder", "Queue", "SortKey", "asks_gpu", "sort_key"]
 
-#: (-priority, not asks GPUs (version 2; False before), job id): placement order.
+#: (-priority, not asks GPUs, job id): placement order.
 SortKey = tuple[int, bool, str]
 
 
@@ -37,11 +37,11 @@ def asks_gpu(job: Job) -> bool:
     return any(g.request().gpu for g in job.groups)
 
 
-def sort_key(job: Job, version: int) -> SortKey:
-    """Where a job is placed: higher priority first; within one priority (version
-    2) jobs that ask GPUs first, since they can only use GPU nodes and work
-    without GPUs then fills what they leave; then by id."""
-    return (-job.priority, version >= 2 and not asks_gpu(job), job.id)
+def sort_key(job: Job) -> SortKey:
+    """Where a job is placed: higher priority first; within one priority jobs that
+    ask GPUs first, since they can only use GPU nodes and work without GPUs then
+    fills what they leave; then by id."""
+    return (-job.priority, not asks_gpu(job), job.id)
 
 
 #: A group's place in the placement order: its job's sort key, its index in the job.
@@ -50,7 +50,6 @@ GroupOrder = tuple[SortKey, int]
 
 @dataclass(slots=True)
 class Queue:
-    version: int
     asking: list[SortKey]
     desired: int
     incomplete: set[tuple[str, str]] | None = None
@@ -62,10 +61,10 @@ class Queue:
     visiting: list[tuple[GroupOrder, tuple[str, str]]] = field(default_factory=list)
 
     @classmethod
-    def build(cls, jobs: Mapping[str, Job], version: int) -> Queue:
-        asking = sorted(sort_key(j, version) for j in jobs.values() if asks_gpu(j))
+    def build(cls, jobs: Mapping[str, Job]) -> Queue:
+        asking = sorted(sort_key(j) for j in jobs.values() if asks_gpu(j))
         desired = sum(g.scaling.desired for j in jobs.values() for g in j.groups)
-        return cls(version, asking, desired)
+        return cls(asking, desired)
 
     def update(
         self, changed: Iterable[str], old: Mapping[str, Job], new: Mapping[str, Job]
@@ -76,14 +75,14 @@ class Queue:
             if before is not None:
                 self.desired -= sum(g.scaling.desired for g in before.groups)
                 if asks_gpu(before):
-                    key = sort_key(before, self.version)
+                    key = sort_key(before)
                     i = bisect.bisect_left(self.asking, key)
                     if i < len(self.asking) and self.asking[i] == key:
                         del self.asking[i]
             if after is not None:
                 self.desired += sum(g.scaling.desired for g in after.groups)
                 if asks_gpu(after):
-                    bisect.insort(self.asking, sort_key(after, self.version))
+                    bisect.insort(self.asking, sort_key(after))
 
     def last_asking(self) -> SortKey | None:
         """The sort key of the last job in placement order that asks GPUs."""

@@ -13,7 +13,7 @@ The order of a pass:
    rolling updates replace old versions in waves;
 2. **place** missing replicas in priority order, then job id, group order,
    ordinal, skipping those still waiting out a backoff or a reschedule delay
-   (placement version 2: within a priority, jobs that ask GPUs first); those the
+   (within a priority, jobs that ask GPUs first); those the
    GPU reservation turned away are retried once it lifts, and those that found no
    node may **preempt** lower-priority replicas;
 3. record who is **pending** and why, and when the pass must run again.
@@ -211,7 +211,6 @@ class _Pass(Releasing):
             algorithm=options.algorithm,
             candidates=options.candidates,
             seed=options.seed,
-            version=options.placement_version,
             workload=self._workload,
         )
 
@@ -219,16 +218,15 @@ class _Pass(Releasing):
         """2. Place the missing replicas, in priority order (forge.core.placing)."""
         options, carry, plan = self.options, self.carry, self.plan
         self.placer = self._placer()
-        version = options.placement_version
         queue = carry.queue if carry is not None else None
-        if queue is None or queue.version != version:
-            queue = Queue.build(self.jobs, version)
+        if queue is None:
+            queue = Queue.build(self.jobs)
         elif self.changed_jobs:
             queue.update(self.changed_jobs, carry.jobs if carry is not None else {}, self.jobs)
         self.queue = queue
         plan.desired = queue.desired
         self.visit: list[tuple[SortKey, GroupKey]] = to_visit(
-            self.groups, queue, self.changed_jobs, self.jobs, plan.dropped, self.bound, version
+            self.groups, queue, self.changed_jobs, self.jobs, plan.dropped, self.bound
         )
         # The release phase cannot stop half-way (it accounts every binding), so it
         # is charged first; placement keeps at least a quarter of the budget so that
@@ -365,7 +363,7 @@ class _Pass(Releasing):
             keys.extend(sorted(preempted))  # the victims' groups now miss a replica
             queue.incomplete = incomplete(keys, carry.by_group, groups)
             queue.incomplete.update(k for _, k in self.visit[stop:])
-            queue.order = ordered(queue, queue.incomplete, groups, self.options.placement_version)
+            queue.order = ordered(queue, queue.incomplete, groups)
         carry.groups = groups
         carry.queue = queue
         if plan.rollouts is not None:

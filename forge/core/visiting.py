@@ -30,7 +30,6 @@ def to_visit(
     jobs: Mapping[str, Job],
     dropped: list[Binding],
     bound: Bound | Mapping[GroupKey, int],
-    version: int,
 ) -> list[tuple[SortKey, GroupKey]]:
     """The groups this pass may place into, in placement order (job sort key, then
     the group's place in its job): those left incomplete by the last pass, those of
@@ -68,7 +67,7 @@ def to_visit(
         if last is not None:
             keys.update((j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups)
             keys.update((b.job, b.group) for b in dropped)
-        kept = [(o, k) for k in wanting(keys) if (o := _order(groups, k, version)) is not None]
+        kept = [(o, k) for k in wanting(keys) if (o := _order(groups, k)) is not None]
     else:
         # The carried groups were incomplete when the last pass ended, and only a
         # pass binds: they still are, unless their job changed (then it is ordered
@@ -78,27 +77,23 @@ def to_visit(
         extra = {(j, g.name) for j in changed_jobs if j in jobs for g in jobs[j].groups}
         extra.update((b.job, b.group) for b in dropped if (b.job, b.group) not in last)
         kept.extend(
-            (o, key)
-            for key in wanting(sorted(extra))
-            if (o := _order(groups, key, version)) is not None
+            (o, key) for key in wanting(sorted(extra)) if (o := _order(groups, key)) is not None
         )
     kept.sort()  # the carried part is in order already: a merge, not a sort
     queue.visiting = kept  # for ordered(), at the end of the pass
     return [(order[0], key) for order, key in kept]
 
 
-def _order(groups: Groups, key: GroupKey, version: int) -> GroupOrder | None:
+def _order(groups: Groups, key: GroupKey) -> GroupOrder | None:
     entry = groups.get(key)
     if entry is None:
         return None
     job = entry.job
     names = [x.name for x in job.groups]
-    return (sort_key(job, version), names.index(entry.spec.name))
+    return (sort_key(job), names.index(entry.spec.name))
 
 
-def ordered(
-    queue: Queue, keep: set[GroupKey], groups: Groups, version: int
-) -> list[tuple[GroupOrder, GroupKey]]:
+def ordered(queue: Queue, keep: set[GroupKey], groups: Groups) -> list[tuple[GroupOrder, GroupKey]]:
     """``keep`` as the next pass's ``to_visit`` takes it: the groups this pass
     visited (``queue.visiting``) in its order, then any others (sorted in then)."""
     out = [e for e in queue.visiting if e[1] in keep]
@@ -106,9 +101,7 @@ def ordered(
     if len(out) < len(keep):
         seen = {key for _, key in out}
         out.extend(
-            (o, key)
-            for key in sorted(keep - seen)
-            if (o := _order(groups, key, version)) is not None
+            (o, key) for key in sorted(keep - seen) if (o := _order(groups, key)) is not None
         )
     return out
 

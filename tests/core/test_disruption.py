@@ -21,7 +21,7 @@ from forge.core.rolling import GroupRollout
 from forge.core.rollout import BUDGET_WAIT
 
 VOLUNTARY = {"node draining", "rollout", "preempted"}
-OPTIONS = ReconcileOptions(rollouts=True, placement_version=2)
+OPTIONS = ReconcileOptions(rollouts=True)
 
 
 def group_job(

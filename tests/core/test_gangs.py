@@ -312,7 +312,7 @@ def test_a_gang_the_gpu_reservation_turned_away_is_placed_once_it_lifts() -> Non
     nodes = _gpu_nodes(1)
     gang = _job("cpu-gang", 2, gpu=0, priority=90, gang=True)
     gpu = _job("gpu-one", 1, gpu=1, priority=50)
-    v2 = ReconcileOptions(placement_version=2, preemption=False)
+    v2 = ReconcileOptions(preemption=False)
     plan = _pass([gang, gpu], nodes, options=v2)
     assert len(_bound(plan, "gpu-one")) == 1
     assert len(_bound(plan, "cpu-gang")) == 2 and not plan.pending
@@ -322,7 +322,7 @@ def test_a_distinct_hosts_replica_the_reservation_turned_away_is_placed_once_it_
     nodes = _gpu_nodes(2)
     apart = _job("apart", 2, gpu=0, priority=90, distinct_hosts=True)
     gpu = _job("gpu-one", 1, gpu=1, priority=50)
-    v2 = ReconcileOptions(placement_version=2, preemption=False)
+    v2 = ReconcileOptions(preemption=False)
     plan = _pass([apart, gpu], nodes, options=v2)
     assert sorted(b.node for b in plan.bindings.values() if b.job == "apart") == ["g0", "g1"]
     assert not plan.pending

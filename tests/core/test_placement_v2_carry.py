@@ -104,7 +104,6 @@ def gpu_jobs(draw: st.DrawFn, job_id: str) -> Job:
 @st.composite
 def v2_options(draw: st.DrawFn) -> ReconcileOptions:
     return ReconcileOptions(
-        placement_version=2,
         algorithm=draw(st.sampled_from(["binpack", "spread", "fgd", "fgd2"])),
         candidates=draw(st.sampled_from([0, 1, 2, 8])),
         max_placements=draw(st.sampled_from([1, 3, 20_000])),
@@ -206,7 +205,7 @@ def test_the_carry_is_restored_after_a_pass_that_lifted_the_reservation() -> Non
             ),
         )
 
-    options = ReconcileOptions(placement_version=2)
+    options = ReconcileOptions()
     nodes = {"h": gpu_node}
     cpu_only = {"c": job("c", 4000, 0, 4)}
     first = reconcile(

@@ -376,10 +376,10 @@ def test_zero_delay_reschedules_in_the_same_pass() -> None:
 
 
 def test_a_failed_replica_avoids_its_node_when_another_fits() -> None:
-    # binpack would put it back on the fuller node "a"; it failed there
+    # binpack opens the larger node "a" and would put it back there; it failed there
     policy = ReschedulePolicy(delay=5, max_delay=5)
     s = sim(
-        [node("a", cpu=4000), node("b", cpu=4000, gpus=1)],
+        [node("a", cpu=8000), node("b", cpu=4000)],
         [
             job("filler", group("f", 2, cpu=1000), priority=90),
             job("x", group("g", 1, reschedule=policy)),

@@ -83,7 +83,7 @@ class Loop:
             failures=self.failures,
             failed=failed,
             now=now,
-            options=ReconcileOptions(rollouts=True, placement_version=2),
+            options=ReconcileOptions(rollouts=True),
             carry=self.carry if self.carried else None,
             rollouts=self.rollouts,
             since=self.since,
@@ -156,7 +156,7 @@ def test_a_carried_pass_rolls_exactly_as_a_pass_over_every_group(
     # bindings made before versions existed: placed without rollouts (version "")
     start = reconcile(
         jobs=jobs, nodes=NODES, bindings={}, pending={}, failures={}, now=0.0,
-        options=ReconcileOptions(placement_version=2),
+        options=ReconcileOptions(),
     )  # fmt: skip
     full = Loop(copy.deepcopy(start.bindings), carried=False)
     carried = Loop(copy.deepcopy(start.bindings), carried=True)
@@ -206,7 +206,7 @@ def test_a_steady_carried_pass_looks_at_no_group_that_cannot_roll() -> None:
     nodes = {f"n{i}": Node(id=f"n{i}", cpu=64_000, memory=262_144) for i in range(40)}
     jobs = {f"j{i}": _job(i, "a", 250, 1, 0) for i in range(2000)}
     loop = Loop({}, carried=True)
-    options = ReconcileOptions(rollouts=True, placement_version=2)
+    options = ReconcileOptions(rollouts=True)
 
     def run(jobs: dict[str, Job]) -> None:
         plan = reconcile(

@@ -67,8 +67,8 @@ def _id(path: Path) -> str:
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_the_corpus_covers_both_durable_stores_and_every_scenario(name: str) -> None:
     # the placement rules' scenario (preemption, a gang, a spread scale-down) came
-    # with the patches: the sets recorded before them lack it
-    scenarios = SCENARIOS | {"rules"} if name == "current" else SCENARIOS
+    # with their patches: the baseline, recorded before them, lacks it
+    scenarios = SCENARIOS if name == "baseline" else SCENARIOS | {"rules"}
     dev = DEV[name]
     for store in ("sqlite", "postgres"):
         recorded = {p.stem.split("-")[2] for p in dev if p.stem.startswith(f"dev-{store}-")}
@@ -117,8 +117,8 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 
 # -- unpatched changes ----------------------------------------------------------------------
-def _priority_reversed(job: Job, version: int) -> queue.SortKey:
-    return (job.priority, version >= 2 and not queue.asks_gpu(job), job.id)
+def _priority_reversed(job: Job) -> queue.SortKey:
+    return (job.priority, not queue.asks_gpu(job), job.id)
 
 
 _ORIGINAL_MATCHING = NodeAlloc.matching_gpus
@@ -140,8 +140,8 @@ class _Desc(str):
         return str.__lt__(self, other)  # type: ignore[operator]
 
 
-def _ties_reversed(job: Job, version: int) -> queue.SortKey:
-    return (-job.priority, version >= 2 and not queue.asks_gpu(job), _Desc(job.id))
+def _ties_reversed(job: Job) -> queue.SortKey:
+    return (-job.priority, not queue.asks_gpu(job), _Desc(job.id))
 
 
 class _ReversedShuffle(random.Random):
@@ -228,7 +228,7 @@ async def test_an_unpatched_change_is_detected_on_replay(
         result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
         if result.replay_failure is not None:
             caught.append(f"{path.stem}: {type(result.replay_failure).__name__}")
-    if change in RULES_CHANGES and corpus != "current":
+    if change in RULES_CHANGES and corpus == "baseline":
         # recorded before the rule's patch: its branch is off on replay, so the
         # change is never reached (what the patch is for)
         assert not caught, f"{change} reached by a history recorded before its patch"

@@ -51,7 +51,7 @@ async def test_a_node_added_for_a_pending_gpu_job_goes_to_it_not_to_higher_prior
     """The issue's scenario: a full cluster, a 2-GPU H100 job pending and a
     higher-priority CPU-only job's replicas pending too; an operator adds an H100
     node. In that very pass the GPU job gets the node, and the CPU replicas take
-    only the cpu it leaves (under placement version 1 they took all of it first and
+    only the cpu it leaves (before the GPU reservation they took all of it first and
     the GPUs stood idle)."""
     async with cluster(skipping_env.client) as (fc, store):
         await fc.register_nodes([node("c1", cpu=4000), node("c2", cpu=4000)])

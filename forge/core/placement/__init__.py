@@ -20,8 +20,6 @@ from forge.core.placement.reasons import (
 from forge.core.placement.scorers import (
     ALGORITHMS,
     BinPack,
-    GpuPreserve,
-    PackUsed,
     Scorer,
     Spread,
     Weighted,
@@ -45,9 +43,7 @@ __all__ = [
     "DistinctHostsFilter",
     "Fgd",
     "Filter",
-    "GpuPreserve",
     "NodeAlloc",
-    "PackUsed",
     "Placer",
     "Rejection",
     "Rule",

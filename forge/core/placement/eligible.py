@@ -32,30 +32,29 @@ class Eligibility:
     order. ``work`` counts what building them cost (for the placer's budget)."""
 
     @classmethod
-    def of(cls, cluster: Cluster, *, seed: int, gpu_first: bool) -> Eligibility:
-        """The cluster's eligibility for this seed and ordering, kept in the cluster
+    def of(cls, cluster: Cluster, *, seed: int) -> Eligibility:
+        """The cluster's eligibility for this seed, kept in the cluster
         (``Cluster.static``) so the passes of a carried cluster share it. The node
         order is the seeded shuffle of the cluster's nodes (Nomad seeds its shuffle
         from the evaluation id: reproducible, yet free of id-order bias)."""
-        key = ("eligibility", seed, gpu_first)
+        key = ("eligibility", seed)
         found = cluster.static.get(key)
         if isinstance(found, cls):
             found.kept = True
             return found
         order = list(cluster.nodes)
         random.Random(seed).shuffle(order)
-        made = cls(cluster, order, gpu_first=gpu_first)
+        made = cls(cluster, order)
         made.work = len(order) // COPY_PER_UNIT  # the order's copy
         cluster.static[key] = made
         return made
 
-    def __init__(self, cluster: Cluster, order: list[NodeAlloc], *, gpu_first: bool) -> None:
+    def __init__(self, cluster: Cluster, order: list[NodeAlloc]) -> None:
         # the cluster's node list, not the cluster: kept in ``cluster.static``, a
         # reference back would make a cycle, and a cluster left behind (a new run,
         # a node change) would then wait for a full collection instead of going
         self.nodes_all = cluster.nodes
         self.order = order
-        self.gpu_first = gpu_first
         self.work = 0
         self.kept = False  # handed to a later pass (its work so far was charged before)
         self._static: dict[tuple[object, ...], list[NodeAlloc]] = {}
@@ -79,7 +78,7 @@ class Eligibility:
             self.work += len(self.order) // COPY_PER_UNIT
             if req.gpu > self._most_gpus:
                 nodes = []  # more devices than any node has: nothing to look at
-            if not req.gpu and self.gpu_first:
+            if not req.gpu:
                 # GPU nodes first (stable: each part keeps the seeded order). GPU
                 # work opens them anyway; work without GPUs then fills what their
                 # GPUs do not reserve before it opens a CPU node.

@@ -114,11 +114,10 @@ def utilisation_after(node: Alloc, req: Request) -> float:
     return total / 2.0
 
 
-def default_score(node: Alloc, req: Request, spread: bool, preserve: bool) -> float:
-    """The default chains' combined score (0..100) in one call: binpack or spread
-    (``spread``), with GpuPreserve averaged in (``preserve``, placement version 1)
-    or, for binpack without it, PackUsed's "a node in use first". The same numbers
-    as the weighted mean :func:`forge.core.placement.scorers.combined` computes over
+def default_score(node: Alloc, req: Request, spread: bool) -> float:
+    """The default chains' score (0..100) in one call: spread (``spread``) or
+    binpack, whose "a node in use first" is written out here. The same numbers as
+    the weighted mean :func:`forge.core.placement.scorers.combined` computes over
     the scorer objects (a property test holds them equal), with
     :func:`utilisation_after` written out. The hot path of a pass,
     :func:`forge.core.placement.scan.best_in_window`, writes this out in turn (a
@@ -127,21 +126,15 @@ def default_score(node: Alloc, req: Request, spread: bool, preserve: bool) -> fl
     total = (node.cpu_used + req.cpu) / n.cpu if n.cpu else 1.0
     total += (node.mem_used + req.memory) / n.memory if n.memory else 1.0
     if n.gpus:
-        ngpu = len(n.gpus)
-        cap = GPU_MILLI * ngpu
+        cap = GPU_MILLI * len(n.gpus)
         total = (total + GPU_WEIGHT * ((cap - node.milli_free + req.milli) / cap)) / (
             2.0 + GPU_WEIGHT
         )
-        keep = 100.0 if req.gpu else 100.0 * node.gpus_used / ngpu
     else:
         total = total / 2.0
-        keep = 100.0
     util = 100.0 * (total if total < 1.0 else 1.0)
-    base = 100.0 - util if spread else util
-    if preserve:
-        return (base + keep) / 2.0
     if spread:
-        return base
+        return 100.0 - util
     if node.cpu_used or node.mem_used or node.gpus_used:
-        return 50.0 + base / 2.0  # a node in use beats every empty one
-    return (100.0 - base) / 2.0  # and if one must be opened, the largest
+        return 50.0 + util / 2.0  # a node in use beats every empty one
+    return (100.0 - util) / 2.0  # and if one must be opened, the largest

@@ -108,7 +108,7 @@ def scan_window(cls: EquivalenceClass, req: Request, candidates: int) -> tuple[F
 
 
 def best_in_window(
-    cls: EquivalenceClass, req: Request, avoid: str | None, candidates: int, *, preserve: bool
+    cls: EquivalenceClass, req: Request, avoid: str | None, candidates: int
 ) -> tuple[int, NodeAlloc | None, float, int]:
     """binpack with a default scorer chain: :func:`scan_window` and the scoring of
     the window in one loop (the hot path of a pass). Returns the best position,
@@ -158,25 +158,18 @@ def best_in_window(
             cls.reject(node, req)
             continue
         window.append(pos)
-        # kernel.default_score(node, req, False, preserve), written out
+        # kernel.default_score(node, req, False), written out
         total = (cpu_used + rcpu) / spec.cpu if spec.cpu else 1.0
         total += (mem_used + rmemory) / spec.memory if spec.memory else 1.0
         gpus = spec.gpus
         if gpus:
-            ngpu = len(gpus)
-            cap = GPU_MILLI * ngpu
+            cap = GPU_MILLI * len(gpus)
             total = (total + GPU_WEIGHT * ((cap - node.milli_free + rmilli) / cap)) / _GPU_DIV
-            keep = 100.0 if rgpu else 100.0 * node.gpus_used / ngpu
         else:
             total = total / 2.0
-            keep = 100.0
         util = 100.0 * (total if total < 1.0 else 1.0)
-        if preserve:
-            s = (util + keep) / 2.0
-        elif cpu_used or mem_used or node.gpus_used:
-            s = 50.0 + util / 2.0
-        else:
-            s = (100.0 - util) / 2.0
+        # a node in use beats every empty one; if one must be opened, the largest
+        s = 50.0 + util / 2.0 if cpu_used or mem_used or node.gpus_used else (100.0 - util) / 2.0
         if avoid is not None and spec.id == avoid:
             s -= AVOID_PENALTY
         if s > best_score:

@@ -23,8 +23,6 @@ __all__ = [
     "Algorithm",
     "BinPack",
     "FastScore",
-    "GpuPreserve",
-    "PackUsed",
     "Scorer",
     "Spread",
     "Weighted",
@@ -42,22 +40,15 @@ class Scorer(Protocol):
 
 
 class BinPack:
-    """Prefer the fullest node that fits: fewer nodes used, big holes kept whole."""
+    """Prefer the fullest node that fits, and a node already in use to every empty
+    one; when a node must be opened, the largest. Scoring utilisation alone opens
+    the smallest empty node (a small replica fills it most), which costs nodes; the
+    original's exhaustive bin-pack avoided that by scoring utilisation before
+    placing. GPU nodes are kept for GPU work by the fit kernel's reservation, not
+    by a score (a preference for GPU-less nodes cost nodes and placed no more GPU
+    work)."""
 
     name = "binpack"
-
-    def score(self, node: NodeAlloc, req: Request) -> float:
-        return 100.0 * min(1.0, utilisation_after(node, req))
-
-
-class PackUsed:
-    """binpack from placement version 2: a node already in use beats every empty
-    node (the fuller the better, as :class:`BinPack`), and when a node must be
-    opened, the largest one. Scoring utilisation alone opens the smallest empty
-    node (a small replica fills it most), which costs nodes; the original's
-    exhaustive bin-pack avoided that by scoring utilisation before placing."""
-
-    name = "binpack-v2"
 
     def score(self, node: NodeAlloc, req: Request) -> float:
         util = 100.0 * min(1.0, utilisation_after(node, req))
@@ -73,18 +64,6 @@ class Spread:
 
     def score(self, node: NodeAlloc, req: Request) -> float:
         return 100.0 * (1.0 - min(1.0, utilisation_after(node, req)))
-
-
-class GpuPreserve:
-    """Keep GPU nodes for GPU work: a replica that needs no GPU scores lower on a
-    node that has free GPUs (the fragmentation the Alibaba trace paper measures)."""
-
-    name = "gpu-preserve"
-
-    def score(self, node: NodeAlloc, req: Request) -> float:
-        if req.gpu or not node.node.gpus:
-            return 100.0
-        return 100.0 * node.gpus_used / len(node.node.gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,28 +89,17 @@ ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 def scorers_for(
     algorithm: str,
     *,
-    version: int = 1,
     workload: Sequence[tuple[Request, float]] = (),
     seed: int = 0,
 ) -> tuple[Weighted, ...]:
-    """The scorer chain of an algorithm.
-
-    ``version`` 1 is the chain old workflow histories were made with (binpack and
-    spread with :class:`GpuPreserve`); from 2 the GPU reservation in the fit kernel
-    keeps GPU nodes for GPU work, so the preference is dropped (it cost nodes and
-    placed no more GPU work) and binpack fills nodes in use before it opens one
-    (:class:`PackUsed`). ``workload`` (requests with their weights) is what
+    """The scorer chain of an algorithm. ``workload`` (requests with their weights) is what
     :class:`forge.core.placement.fragmentation.Fgd` expects to arrive (fgd and fgd2);
     ``seed`` seeds ``random``.
     """
     if algorithm == "binpack":
-        if version >= 2:
-            return (Weighted(PackUsed(), 1.0),)
-        return (Weighted(BinPack(), 1.0), Weighted(GpuPreserve(), 1.0))
+        return (Weighted(BinPack(), 1.0),)
     if algorithm == "spread":
-        if version >= 2:
-            return (Weighted(Spread(), 1.0),)
-        return (Weighted(Spread(), 1.0), Weighted(GpuPreserve(), 1.0))
+        return (Weighted(Spread(), 1.0),)
     if algorithm == "fgd":
         return (Weighted(Fgd(workload), 1.0),)
     if algorithm == "fgd2":
@@ -162,25 +130,20 @@ def fast_scorer(scorers: Sequence[Weighted]) -> FastScore | None:
     """The score kernel in place of the default scorer chains (same numbers, ~5x
     less call overhead on the hot path). Any other chain uses the generic path."""
     names = tuple((w.scorer.name, w.weight) for w in scorers)
-    if names == (("binpack", 1.0), ("gpu-preserve", 1.0)):
+    if names == (("binpack", 1.0),):
         return FastScore(spread=False)
-    if names == (("spread", 1.0), ("gpu-preserve", 1.0)):
-        return FastScore(spread=True)
-    if names == (("binpack-v2", 1.0),):
-        return FastScore(spread=False, preserve=False)
     if names == (("spread", 1.0),):
-        return FastScore(spread=True, preserve=False)
+        return FastScore(spread=True)
     return None
 
 
 class FastScore:
     """A default chain, as :func:`forge.core.placement.kernel.default_score`'s flags."""
 
-    __slots__ = ("preserve", "spread")
+    __slots__ = ("spread",)
 
-    def __init__(self, *, spread: bool, preserve: bool = True) -> None:
+    def __init__(self, *, spread: bool) -> None:
         self.spread = spread
-        self.preserve = preserve
 
     def __call__(self, node: NodeAlloc, req: Request) -> float:
-        return default_score(node, req, self.spread, self.preserve)
+        return default_score(node, req, self.spread)

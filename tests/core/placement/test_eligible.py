@@ -20,9 +20,7 @@ _TAINT = Taint(key="pool", value="gpu")
 def _oracle(cluster: Cluster, req: Request, cons: tuple[Constraint, ...]) -> dict[Rejection, int]:
     """The sweep the eligibility replaced: the static filter chain, node by node."""
     counts: dict[Rejection, int] = {}
-    eligible = {
-        id(n) for n in Eligibility(cluster, list(cluster.nodes), gpu_first=True).nodes(req, cons)
-    }
+    eligible = {id(n) for n in Eligibility(cluster, list(cluster.nodes)).nodes(req, cons)}
     for n in cluster.nodes:
         if id(n) not in eligible:
             why = explain_node(n, req, cons, STATIC_FILTERS) or Rejection(Rule.GPU)
@@ -51,11 +49,9 @@ def test_why_nodes_are_out_is_what_the_static_filters_say(
     if tolerates:
         req = req.model_copy(update={"tolerations": (Toleration(key="pool", operator="Exists"),)})
     cluster = Cluster(nodes)
-    got = Eligibility.of(cluster, seed=0, gpu_first=True).reasons(req, cons)
+    got = Eligibility.of(cluster, seed=0).reasons(req, cons)
     assert got == _oracle(cluster, req, cons)
-    assert sum(got.values()) + len(
-        Eligibility.of(cluster, seed=0, gpu_first=True).nodes(req, cons)
-    ) == len(nodes)
+    assert sum(got.values()) + len(Eligibility.of(cluster, seed=0).nodes(req, cons)) == len(nodes)
 
 
 def test_a_kept_eligibility_sweeps_nothing_and_a_changed_node_drops_it() -> None:
@@ -68,14 +64,14 @@ def test_a_kept_eligibility_sweeps_nothing_and_a_changed_node_drops_it() -> None
     ]  # fmt: skip
     req = Request(cpu=100, memory=100, gpu=1, gpu_models=(MODELS[0],))
     cluster = Cluster(nodes)
-    first = Eligibility.of(cluster, seed=7, gpu_first=True)
+    first = Eligibility.of(cluster, seed=7)
     first.reasons(req, ())
     built = first.work
     assert built > len(nodes)  # the list and the sweep were charged
-    again = Eligibility.of(cluster, seed=7, gpu_first=True)
+    again = Eligibility.of(cluster, seed=7)
     assert again is first and again.kept
     again.reasons(req, ())
     again.nodes(req, ())
     assert again.work == built  # nothing swept or built a second time
     cluster.refresh({n.id: n for n in nodes}, {"n1"})
-    assert Eligibility.of(cluster, seed=7, gpu_first=True) is not first
+    assert Eligibility.of(cluster, seed=7) is not first

@@ -34,12 +34,11 @@ from forge.core.placement import (
 )
 from forge.core.placement.filters import diagnose
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
-from forge.core.reconcile import ReconcileOptions, reconcile
+from forge.core.reconcile import Plan, ReconcileOptions, reconcile
 from tests.builders import job
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-V1 = ReconcileOptions()
-V2 = ReconcileOptions(placement_version=2)
+OPTIONS = ReconcileOptions()
 GIB = 1024
 
 
@@ -113,7 +112,7 @@ def scenario() -> tuple[list[Node], list[Job], dict[str, Binding]]:
     filler = job("filler", group(8_000, 32 * GIB), priority=90)
     train = job("train", group(12_000, 48 * GIB, gpus=2), priority=40)
     web = job("web", group(500, 2 * GIB, desired=40), priority=80)
-    first = one_pass([full], [filler, train, web], V2)
+    first = one_pass([full], [filler, train, web], OPTIONS)
     assert "train/main/0" not in first
     assert not any(w.startswith("web/") for w in first)  # the cluster is full
     return [full], [filler, train, web], first
@@ -122,22 +121,14 @@ def scenario() -> tuple[list[Node], list[Job], dict[str, Binding]]:
 def test_a_gpu_node_added_for_a_pending_gpu_job_goes_to_that_job() -> None:
     nodes, jobs, bound = scenario()
     h100 = gpu_node("h100-new")  # 16 cores, 64 GiB, 2 GPUs
-    after = one_pass([*nodes, h100], jobs, V2, bound, capacity_changed=True)
+    after = one_pass([*nodes, h100], jobs, OPTIONS, bound, capacity_changed=True)
     train = after["train/main/0"]
     assert (train.node, train.gpu_ids) == ("h100-new", ("gpu0", "gpu1"))
     # the next pass gives CPU work what the GPU job left: 4 cores, 8 replicas
-    again = one_pass([*nodes, h100], jobs, V2, after)
+    again = one_pass([*nodes, h100], jobs, OPTIONS, after)
     web = [b for w, b in again.items() if w.startswith("web/")]
     assert len(web) == 8 and all(b.node == "h100-new" for b in web)
     assert again["train/main/0"] == train
-
-
-def test_version_1_still_gives_the_new_gpu_node_to_cpu_work() -> None:
-    """Old histories replay with version 1: its choice (the bug) is kept there."""
-    nodes, jobs, _ = scenario()
-    v1_bound = one_pass(nodes, jobs, V1)
-    after = one_pass([*nodes, gpu_node("h100-new")], jobs, V1, v1_bound, capacity_changed=True)
-    assert "train/main/0" not in after
 
 
 def test_the_reservation_explains_itself_and_agrees_with_fits() -> None:
@@ -169,7 +160,7 @@ def test_half_a_reservation_keeps_half_of_each_share() -> None:
 def test_the_reservation_is_lifted_when_no_gpu_work_waits() -> None:
     """A GPU node with no GPU work anywhere takes CPU work: a reservation for
     nobody would leave replicas pending that fit."""
-    bound = one_pass([gpu_node("g")], [job("web", group(1_000, GIB, desired=16))], V2)
+    bound = one_pass([gpu_node("g")], [job("web", group(1_000, GIB, desired=16))], OPTIONS)
     assert len(bound) == 16
 
 
@@ -177,10 +168,10 @@ def test_bindings_over_the_reservation_are_kept() -> None:
     """The reservation steers new placements; it never evicts."""
     g = gpu_node("g")
     web = job("web", group(1_000, GIB, desired=16))
-    held = one_pass([g], [web], V1)
+    held = one_pass([g], [web], OPTIONS)
     assert len(held) == 16
     train = job("train", group(1_000, GIB, gpus=2), priority=10)
-    after = one_pass([g], [web, train], V2, held)
+    after = one_pass([g], [web, train], OPTIONS, held)
     assert all(w in after for w in held)
 
 
@@ -195,7 +186,7 @@ def test_a_tainted_node_takes_only_tolerating_groups() -> None:
         job("web", group(1_000, GIB, desired=6)),
         job("train", group(2_000, GIB, gpus=1, tolerations=(Toleration(key="pool", value="gpu"),))),
     ]
-    bound = one_pass([pool, plain], jobs, V1)
+    bound = one_pass([pool, plain], jobs, OPTIONS)
     assert {b.node for w, b in bound.items() if w.startswith("web/")} == {"plain"}
     assert bound["train/main/0"].node == "pool"
     a = Cluster([pool]).nodes[0]
@@ -290,7 +281,6 @@ def brute_fits(
     reserve=st.sampled_from([0, 500, 1000]),
     candidates=st.sampled_from([1, 2, 0]),
     algorithm=st.sampled_from(["binpack", "spread", "fgd", "fgd2", "best-fit", "gpu-packing"]),
-    version=st.sampled_from([1, 2]),
     seed=st.integers(0, 3),
 )
 def test_placement_is_exact_per_device_and_complete(
@@ -299,7 +289,6 @@ def test_placement_is_exact_per_device_and_complete(
     reserve: int,
     candidates: int,
     algorithm: str,
-    version: int,
     seed: int,
 ) -> None:
     """No device above 1000 milli, whole devices for multi-GPU requests, a share
@@ -307,9 +296,7 @@ def test_placement_is_exact_per_device_and_complete(
     (the reservation included: GPU placements that free reservation re-admit nodes)."""
     c = Cluster(nodes, gpu_reserve=reserve)
     workload = [(r, 1.0) for r in reqs]
-    p = Placer(
-        c, algorithm=algorithm, candidates=candidates, seed=seed, version=version, workload=workload
-    )
+    p = Placer(c, algorithm=algorithm, candidates=candidates, seed=seed, workload=workload)
     cpu = {n.id: 0 for n in nodes}
     mem = {n.id: 0 for n in nodes}
     left = {n.id: [GPU_MILLI] * len(n.gpus) for n in nodes}
@@ -361,7 +348,6 @@ def test_placement_is_deterministic(
             Cluster(nodes, gpu_reserve=1000),
             algorithm=algorithm,
             seed=seed,
-            version=2,
             workload=[(r, 1.0) for r in reqs],
         )
         out: list[tuple[str, tuple[str, ...]] | None] = []
@@ -396,7 +382,7 @@ def test_scores_are_bounded_and_the_v2_fast_path_agrees(
         "gpu-clustering",
         "random",
     ):
-        chain = scorers_for(algorithm, version=2, workload=[(x, 1.0) for x in reqs])
+        chain = scorers_for(algorithm, workload=[(x, 1.0) for x in reqs])
         for a in c.nodes:
             assert 0.0 <= combined(a, r, chain) <= 100.0
         fast = _fast_scorer(chain)
@@ -482,7 +468,7 @@ def test_shared_jobs_are_placed_held_and_stable_across_passes() -> None:
         job("infer", group(500, GIB, gpus=1, milli=300, desired=6)),
         job("train", group(2000, GIB, gpus=1)),
     ]
-    first = one_pass(nodes, jobs, V2)
+    first = one_pass(nodes, jobs, OPTIONS)
     assert len(first) == 7  # six shares pack two devices: one stays whole for train
     held: dict[tuple[str, str], int] = {}
     for b in first.values():
@@ -493,7 +479,7 @@ def test_shared_jobs_are_placed_held_and_stable_across_passes() -> None:
         else:
             held[(b.node, b.gpu_ids[0])] = held.get((b.node, b.gpu_ids[0]), 0) + GPU_MILLI
     assert all(v <= GPU_MILLI for v in held.values())
-    second = one_pass(nodes, jobs, V2, first)
+    second = one_pass(nodes, jobs, OPTIONS, first)
     assert second == first
 
 
@@ -529,7 +515,7 @@ def test_a_v2_pass_is_exact_and_work_conserving(
     """After one pass: no node over capacity, no device above 1000 milli, whole
     devices held once, and a replica left pending only if no node can take it now
     (under the reservation while GPU work is still waiting, without it otherwise)."""
-    opts = ReconcileOptions(placement_version=2, gpu_reserve=reserve)
+    opts = ReconcileOptions(gpu_reserve=reserve)
     plan = reconcile(
         jobs={j.id: j for j in jobs},
         nodes={n.id: n for n in nodes},
@@ -674,6 +660,44 @@ def test_a_gpu_job_no_node_could_ever_take_keeps_no_reservation() -> None:
         job("huge", group(1_000, GIB, gpus=16), priority=90),
         job("web", group(1_000, GIB, desired=16), priority=80),
     ]
-    bound = one_pass([gpu_node("g")], jobs, V2)
+    bound = one_pass([gpu_node("g")], jobs, OPTIONS)
     assert "huge/main/0" not in bound
     assert sum(1 for w in bound if w.startswith("web/")) == 16
+
+
+# -- held back, then kept from the retry by the placement limit ------------------------
+def _held_back_pass(**options: object) -> Plan:
+    """One GPU node whose GPU work is wanted by nobody (a GPU group at 0 replicas in
+    the same job, so the reservation holds until the job has had its turn): both
+    cpu replicas are turned away, the reservation lifts, and the retry places one
+    before the limit of 1 stops it."""
+    cpu_work = group(500, 512, desired=2).model_copy(update={"name": "cpu"})
+    gpu_work = group(500, 512, gpus=1, desired=0).model_copy(update={"name": "gpu"})
+    return reconcile(
+        jobs={"j": job("j", cpu_work, gpu_work)},
+        nodes={"g": gpu_node("g", cpu=1_000, memory=1_024, gpus=1)},
+        bindings={},
+        pending={},
+        failures={},
+        now=0.0,
+        options=ReconcileOptions(candidates=0, max_placements=1, **options),
+    )
+
+
+def test_held_back_replicas_the_limit_kept_from_their_retry_are_deferred() -> None:
+    """The node can take the second replica once the reservation lifted: it is
+    deferred to the next pass (which runs at once), not given the backoff of a
+    refusal that no longer holds (invariant 4), and it does not preempt."""
+    plan = _held_back_pass()
+    assert [b.workload_id for b in plan.placed] == ["j/cpu/0"]
+    assert plan.pending["j/cpu/1"].kind == "deferred"
+    assert plan.deferred == 1 and plan.next_wake == 0.0 and not plan.preemptions
+    budgeted = _held_back_pass(max_work=10_000)  # counted, not listed, as a budget defers
+    assert "j/cpu/1" not in budgeted.pending and budgeted.deferred == 1
+    assert budgeted.next_wake == 0.0
+
+
+def test_runs_recorded_before_held_back_deferred_keep_the_backoff() -> None:
+    plan = _held_back_pass(held_back_deferred=False)
+    assert plan.pending["j/cpu/1"].kind == "backoff"
+    assert plan.deferred == 0

@@ -21,7 +21,6 @@ from forge.core.placement import (
     BinPack,
     Cluster,
     Diagnosis,
-    GpuPreserve,
     NodeAlloc,
     Placer,
     Rejection,
@@ -40,6 +39,7 @@ from forge.core.placement.classes import EquivalenceClass
 from forge.core.placement.kernel import default_score, fits
 from forge.core.placement.scan import AVOID_PENALTY, best_in_window
 from forge.core.placement.scorers import fast_scorer as _fast_scorer
+from forge.core.plan import DEFAULT_GPU_RESERVE
 from tests import strategies as fs
 from tests.builders import node
 
@@ -254,7 +254,7 @@ def test_scores_are_bounded_and_the_fast_path_agrees(
     r, _ = rc
     for a in c.nodes:
         assert utilisation_after(a, r) >= 0.0
-        for scorer in (BinPack(), Spread(), GpuPreserve()):
+        for scorer in (BinPack(), Spread()):
             assert 0.0 <= scorer.score(a, r) <= 100.0
         for algorithm in ("binpack", "spread"):
             chain = scorers_for(algorithm)
@@ -269,14 +269,12 @@ def test_scores_are_bounded_and_the_fast_path_agrees(
 @given(
     c=loaded_clusters(),
     rc=requests(),
-    preserve=st.booleans(),
     reserve=st.integers(0, 8),
     avoid=st.booleans(),
 )
 def test_the_window_scan_fits_and_scores_as_the_kernels(
     c: Cluster,
     rc: tuple[Request, tuple[Constraint, ...]],
-    preserve: bool,
     reserve: int,
     avoid: bool,
 ) -> None:
@@ -289,12 +287,12 @@ def test_the_window_scan_fits_and_scores_as_the_kernels(
             a.res_mem = a.node.memory * reserve // 8
     avoid_id = c.nodes[0].id if avoid and c.nodes else None
     cls = EquivalenceClass(list(c.nodes))
-    pos, best, score, _ = best_in_window(cls, r, avoid_id, 0, preserve=preserve)
+    pos, best, score, _ = best_in_window(cls, r, avoid_id, 0)
     fitting = [i for i, a in enumerate(c.nodes) if fits(a, r)]
     assert cls.window == fitting
     want_pos, want = -1, -1e18
     for i in fitting:
-        s = default_score(c.nodes[i], r, False, preserve)
+        s = default_score(c.nodes[i], r, False)
         if c.nodes[i].id == avoid_id:
             s -= AVOID_PENALTY
         if s > want:
@@ -317,7 +315,8 @@ def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
 
 
 def test_non_gpu_work_keeps_off_gpu_nodes() -> None:
-    c = Cluster([node("cpu-only"), node("gpu", gpus=4)])
+    """The GPU reservation keeps a GPU node's cpu for GPU work, whatever the score."""
+    c = Cluster([node("cpu-only"), node("gpu", gpus=4)], gpu_reserve=DEFAULT_GPU_RESERVE)
     choice = Placer(c, candidates=0).place(req())
     assert choice is not None and choice.node.id == "cpu-only"
 

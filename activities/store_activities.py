@@ -23,7 +23,6 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from forge.core.models import Job, TaskGroup
 from forge.errors import Conflict
 from forge.stores import ApplyResult, Fence, StaleFenceError, Store, StoreError
-from forge.stores.base import AssignmentRow
 from forge.wire import errors
 from forge.wire.activity_contract import (
     ACT_FENCE,
@@ -55,6 +54,7 @@ from forge.wire.activity_contract import (
     WatchOut,
     WriteJobsIn,
     WriteJobsOut,
+    row_from_assignment,
     to_delta,
 )
 
@@ -155,14 +155,6 @@ def _row(rev: int, job_id: str, job: Job, index: dict[str, int], groups: list[Ta
     return (rev, job_id, job.name, job.priority, idx)
 
 
-def _bind_row(a: AssignmentRow) -> BindRow:
-    """What ``row_from_assignment`` makes of the assignment, without building it."""
-    row = (a.job, a.group, a.ordinal, a.node, a.gpu_ids, a.cpu, a.memory, a.status)
-    if a.version:
-        return (*row, a.gpu_milli, a.version)
-    return (*row, a.gpu_milli) if a.gpu_milli else row
-
-
 def _json_len(item: BaseModel) -> int:
     return len(item.model_dump_json())
 
@@ -236,7 +228,7 @@ class StoreActivities:
     def snapshot_assignments(self, page: PageIn) -> AssignmentRows:
         found = self.store.assignment_rows(page.cluster, page.after, page.limit)
         more = len(found) == page.limit
-        rows = [_bind_row(a) for a in found]
+        rows = [row_from_assignment(a) for a in found]
         keep = within_bytes(rows, _row_len)
         if keep < len(rows):
             rows, more = rows[:keep], True

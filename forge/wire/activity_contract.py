@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
 from forge.serialize import omit_defaults
-from forge.stores.base import Delta
+from forge.stores.base import AssignmentRow, Delta
 
 __all__ = [
     "ACT_FENCE",
@@ -227,7 +227,9 @@ class GroupSpecOut(_Msg):
     spec: TaskGroup | None = Field(default=None, description="None: the store has no such version")
 
 
-def row_from_assignment(a: Assignment) -> BindRow:
+def row_from_assignment(a: Assignment | AssignmentRow) -> BindRow:
+    """The bind row of a validated assignment or of a store's unvalidated row (the
+    same fields: the activities build rows from the latter without a model)."""
     row = (a.job, a.group, a.ordinal, a.node, tuple(a.gpu_ids), a.cpu, a.memory, str(a.status))
     if a.version:
         return (*row, a.gpu_milli, a.version)

@@ -30,24 +30,20 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
 
-from forge.client.client import ForgeClient
 from forge.core.models import Assignment, Job
 from forge.core.rollout import UpdatePolicy
-from forge.stores import SqliteStore
 from forge.wire import contract as c
-from tests.agent.helpers import alive, kill_tasks, task_environs, task_processes
-from tests.e2e.procs import ROOT, WorkerProc, eventually, start_process, stop_process
+from tests.agent.cluster import AgentCluster, agent_cluster, http_status
+from tests.agent.helpers import alive, task_environs, task_processes
+from tests.e2e.procs import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -65,39 +61,7 @@ SERVE = (
 BURN = "while True: pass"
 
 
-@dataclass
-class Cluster:
-    fc: ForgeClient
-    store: SqliteStore
-    tmp: Path
-    env: dict[str, str]
-    worker: WorkerProc
-    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    #: every worker started, the current one last: the fixture stops them all
-    workers: list[WorkerProc] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.workers.append(self.worker)
-
-    def new_worker(self) -> None:
-        """Start another ``worker.py`` on the cluster's task queue (after a kill)."""
-        self.worker = WorkerProc(
-            self.env["FORGE_TEMPORAL_ADDRESS"],
-            self.env["FORGE_TASK_QUEUE"],
-            self.env["FORGE_STORE"],
-            self.tmp / f"worker-{len(self.workers) + 1}.log",
-        )
-        self.workers.append(self.worker)
-
-    def start_agent(self, node: str) -> None:
-        self.agents[node] = start_process(
-            [sys.executable, "-m", "forge", "agent", "--node-id", node,
-             "--cpu", str(AGENT_CPU), "--memory", "4096",
-             "--data-dir", str(self.tmp / f"agent-{node}"),
-             "--poll", "0.2", "--heartbeat-every", "0.5", "--usage-every", "1"],
-            self.tmp / f"agent-{node}.log", cwd=ROOT, env={**os.environ, **self.env},
-        )  # fmt: skip
-
+class Cluster(AgentCluster):
     def bindings(self, job: str) -> list[Assignment]:
         return [a for a in self.store.assignments(CLUSTER, limit=100_000) if a.job == job]
 
@@ -113,25 +77,7 @@ class Cluster:
         return out
 
     def ports(self, job: str) -> dict[str, int]:
-        """workload id -> its http port, from the latest running report of the node
-        it is bound to now."""
-        where = {a.workload_id: a.node for a in self.bindings(job)}
-        ports: dict[str, int] = {}
-        for r in self.store.reports_since(CLUSTER, 0, limit=1_000_000):
-            if (
-                r.status == "running"
-                and "ports http=" in r.message
-                and where.get(r.workload_id) == r.node
-            ):
-                ports[r.workload_id] = int(r.message.rsplit("=", 1)[1])
-        return ports
-
-    def logs(self) -> str:
-        parts = [f"--- worker ---\n{self.worker.output()}"]
-        for node in sorted(self.agents):
-            text = (self.tmp / f"agent-{node}.log").read_text(errors="replace")
-            parts.append(f"--- agent {node} ---\n{text[-3000:]}")
-        return "\n".join(parts)
+        return self.http_ports(self.bindings(job))
 
 
 def _web(replicas: int) -> Job:
@@ -163,14 +109,6 @@ def _job(name: str, code: str, replicas: int, *, autoscale: Any = None, **task: 
     )
 
 
-def _get(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-            return int(resp.status)
-    except OSError:
-        return 0
-
-
 async def _forge(cl: Cluster, *args: str) -> str:
     """Run the ``forge`` command against the cluster (in a thread: the loop stays free)."""
     done = await asyncio.to_thread(
@@ -194,44 +132,13 @@ def _now(fn: Callable[[], T]) -> Callable[[], Any]:
 
 @pytest_asyncio.fixture(scope="module")
 async def cluster(dev_env: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    flags = ("--cpu", str(AGENT_CPU), "--usage-every", "1")
     tmp = tmp_path_factory.mktemp("agents")
-    db = tmp / "forge.db"
-    address = dev_env.client.service_client.config.target_host
-    queue = f"agents-{uuid.uuid4().hex[:8]}"
-    worker = WorkerProc(address, queue, f"sqlite:///{db}", tmp / "worker.log")
-    store = SqliteStore(db)
-    fc = ForgeClient(
-        dev_env.client,
-        cluster=CLUSTER,
-        task_queue=queue,
-        options=c.ClusterOptions(watch_poll=0.2, heartbeat_ttl=TTL),
-        store=store,
-    )
-    env = {
-        "FORGE_TEMPORAL_ADDRESS": address,
-        "FORGE_TASK_QUEUE": queue,
-        "FORGE_STORE": f"sqlite:///{db}",
-        "FORGE_CLUSTER": CLUSTER,
-    }
-    cl = Cluster(fc, store, tmp, env, worker)
-    try:
-        await fc.start()
+    async with agent_cluster(dev_env, tmp, CLUSTER, ttl=TTL, agent_flags=flags, make=Cluster) as cl:
         for node in ("a", "b", "c"):
             cl.start_agent(node)
-        await eventually(fc.status, lambda s: len(s.nodes) == 3, what="3 agents registered")
+        await eventually(cl.fc.status, lambda s: len(s.nodes) == 3, what="3 agents registered")
         yield cl
-    finally:
-        for p in cl.agents.values():  # all at once, then each waited for
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in cl.agents.values():
-            stop_process(p, timeout=20)
-        # the agents leave their tasks running by design (for adoption): end them
-        kill_tasks(task_processes({"FORGE_CLUSTER": CLUSTER}))
-        # every worker, not just the first: a test kills one and starts another
-        for w in cl.workers:
-            w.stop()
-        store.close()
 
 
 @pytest.fixture
@@ -253,7 +160,7 @@ async def _web_running(cl: Cluster, n: int, timeout: float = 60.0) -> dict[str, 
     )
     ports: dict[str, int] = await eventually(
         _now(lambda: cl.ports("web")),
-        lambda p: len(p) == n and all(_get(port) == 200 for port in p.values()),
+        lambda p: len(p) == n and all(http_status(port) == 200 for port in p.values()),
         timeout=timeout,
         what=f"each of {n} web replicas answering on its port",
     )
@@ -380,7 +287,7 @@ async def test_a_task_killed_with_sigkill_is_restarted_by_the_reschedule_policy(
     )
     port = await eventually(
         _now(lambda: cl.ports("web").get(wid)),
-        lambda p: p is not None and _get(p) == 200,
+        lambda p: p is not None and http_status(p) == 200,
         timeout=30,
         what=f"the restarted {wid} answering",
     )
@@ -414,7 +321,7 @@ async def test_a_drained_nodes_processes_stop_and_run_elsewhere(show_logs_on_fai
     )
     ports = await eventually(
         _now(lambda: cl.ports("web")),
-        lambda p: all(_get(p[w]) == 200 for w in moving if w in p) and moving <= set(p),
+        lambda p: all(http_status(p[w]) == 200 for w in moving if w in p) and moving <= set(p),
         timeout=30,
         what="the moved replicas answering",
     )
@@ -528,7 +435,7 @@ class Watch:
                     self.processes[pid] = (env["FORGE_WORKLOAD_ID"], env.get("V", ""))
         bound = self.cl.bindings(self.job)
         urls = [self.ports.get((a.workload_id, a.node)) for a in bound]
-        self.answering.append(sum(1 for p in urls if p is not None and _get(p) == 200))
+        self.answering.append(sum(1 for p in urls if p is not None and http_status(p) == 200))
         self.versions.append(Counter(a.version for a in bound))
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -727,7 +634,7 @@ async def test_kill_9_of_an_agent_moves_its_replicas_within_the_ttl(show_logs_on
     took = time.monotonic() - killed
     ports = await eventually(
         _now(lambda: cl.ports("web")),
-        lambda p: len(p) == 5 and all(_get(port) == 200 for port in p.values()),
+        lambda p: len(p) == 5 and all(http_status(port) == 200 for port in p.values()),
         timeout=30,
         what="the moved replicas answering",
     )

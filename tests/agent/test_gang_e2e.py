@@ -11,26 +11,19 @@ with exactly one agent.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from forge.client.client import ForgeClient
 from forge.core.models import Job
-from forge.stores import SqliteStore
-from forge.wire import contract as c
-from tests.agent.helpers import kill_tasks, task_environs, task_processes
-from tests.e2e.procs import ROOT, WorkerProc, eventually, start_process, stop_process
+from tests.agent.cluster import AgentCluster, agent_cluster, call_failed
+from tests.agent.helpers import task_environs
+from tests.e2e.procs import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -39,24 +32,7 @@ AGENT_CPU = 2000  # one 1500m worker per agent
 SLEEP = "import time; time.sleep(3600)"
 
 
-@dataclass
-class Cluster:
-    fc: ForgeClient
-    store: SqliteStore
-    tmp: Path
-    env: dict[str, str]
-    worker: WorkerProc
-    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start_agent(self, node: str) -> None:
-        self.agents[node] = start_process(
-            [sys.executable, "-m", "forge", "agent", "--node-id", node,
-             "--cpu", str(AGENT_CPU), "--memory", "4096",
-             "--data-dir", str(self.tmp / f"agent-{node}"),
-             "--poll", "0.2", "--heartbeat-every", "0.5"],
-            self.tmp / f"agent-{node}.log", cwd=ROOT, env={**os.environ, **self.env},
-        )  # fmt: skip
-
+class Cluster(AgentCluster):
     def processes(self, job: str) -> dict[str, str]:
         """workload id -> the node its live task process runs on."""
         out = {}
@@ -65,13 +41,6 @@ class Cluster:
             if wid.startswith(f"{job}/"):
                 out[wid] = env["FORGE_NODE"]
         return out
-
-    def logs(self) -> str:
-        parts = [f"--- worker ---\n{self.worker.output()}"]
-        for node in sorted(self.agents):
-            text = (self.tmp / f"agent-{node}.log").read_text(errors="replace")
-            parts.append(f"--- agent {node} ---\n{text[-3000:]}")
-        return "\n".join(parts)
 
 
 def _gang(name: str, replicas: int) -> Job:
@@ -102,41 +71,17 @@ def _gang(name: str, replicas: int) -> Job:
 async def cluster(
     dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
-    db = tmp_path / "forge.db"
-    address = dev_env.client.service_client.config.target_host
-    queue = f"gang-{uuid.uuid4().hex[:8]}"
-    worker = WorkerProc(address, queue, f"sqlite:///{db}", tmp_path / "worker.log")
-    store = SqliteStore(db)
-    fc = ForgeClient(
-        dev_env.client,
-        cluster=CLUSTER,
-        task_queue=queue,
-        options=c.ClusterOptions(watch_poll=0.2, heartbeat_ttl=6.0),
-        store=store,
-    )
-    env = {
-        "FORGE_TEMPORAL_ADDRESS": address,
-        "FORGE_TASK_QUEUE": queue,
-        "FORGE_STORE": f"sqlite:///{db}",
-        "FORGE_CLUSTER": CLUSTER,
-    }
-    cl = Cluster(fc, store, tmp_path, env, worker)
-    try:
-        await fc.start()
+    flags = ("--cpu", str(AGENT_CPU))
+    async with agent_cluster(
+        dev_env,
+        tmp_path,
+        CLUSTER,
+        ttl=6.0,
+        agent_flags=flags,
+        make=Cluster,
+        on_failure=lambda: call_failed(request),
+    ) as cl:
         yield cl
-    finally:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(cl.logs())
-        for p in cl.agents.values():  # all at once, then each waited for
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in cl.agents.values():
-            stop_process(p, timeout=20)
-        # the agents leave their tasks running by design (for adoption): end them
-        kill_tasks(task_processes({"FORGE_CLUSTER": CLUSTER}))
-        worker.stop()
-        store.close()
 
 
 async def test_a_two_worker_gang_runs_nothing_until_a_node_joins_then_both_start(

@@ -11,28 +11,21 @@ the agents' running reports and are asked with urllib.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from forge.client.client import ForgeClient
 from forge.core.models import Assignment, Job
-from forge.stores import SqliteStore
-from forge.wire import contract as c
-from tests.agent.helpers import kill_tasks, task_environs, task_processes
-from tests.e2e.procs import ROOT, WorkerProc, eventually, start_process, stop_process
+from tests.agent.cluster import AgentCluster, agent_cluster, call_failed, http_status
+from tests.agent.helpers import kill_tasks, task_environs
+from tests.e2e.procs import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -45,58 +38,18 @@ SERVE = (
 )
 
 
-@dataclass
-class Cluster:
-    fc: ForgeClient
-    store: SqliteStore
-    tmp: Path
-    env: dict[str, str]
-    worker: WorkerProc
-    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start_agent(self, node: str) -> None:
-        self.agents[node] = start_process(
-            [sys.executable, "-m", "forge", "agent", "--node-id", node,
-             "--cpu", "2000", "--memory", "4096", "--label", f"zone={ZONES[node]}",
-             "--data-dir", str(self.tmp / f"agent-{node}"),
-             "--poll", "0.2", "--heartbeat-every", "0.5"],
-            self.tmp / f"agent-{node}.log", cwd=ROOT, env={**os.environ, **self.env},
-        )  # fmt: skip
+class Cluster(AgentCluster):
+    def start_zone_agent(self, node: str) -> None:
+        self.start_agent(node, "--label", f"zone={ZONES[node]}")
 
     def bindings(self) -> list[Assignment]:
         return [a for a in self.store.assignments(CLUSTER, limit=10_000) if a.job == "web"]
 
     def ports(self) -> dict[str, int]:
-        """workload id -> its http port, from the latest running report of the node
-        it is bound to now."""
-        where = {a.workload_id: a.node for a in self.bindings()}
-        ports: dict[str, int] = {}
-        for r in self.store.reports_since(CLUSTER, 0, limit=1_000_000):
-            if (
-                r.status == "running"
-                and "ports http=" in r.message
-                and where.get(r.workload_id) == r.node
-            ):
-                ports[r.workload_id] = int(r.message.rsplit("=", 1)[1])
-        return ports
+        return self.http_ports(self.bindings())
 
     def answering(self) -> int:
-        return sum(_get(port) == 200 for port in self.ports().values())
-
-    def logs(self) -> str:
-        parts = [f"--- worker ---\n{self.worker.output()}"]
-        for node in sorted(self.agents):
-            text = (self.tmp / f"agent-{node}.log").read_text(errors="replace")
-            parts.append(f"--- agent {node} ---\n{text[-3000:]}")
-        return "\n".join(parts)
-
-
-def _get(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-            return int(resp.status)
-    except OSError:
-        return 0
+        return sum(http_status(port) == 200 for port in self.ports().values())
 
 
 def _web(replicas: int) -> Job:
@@ -128,41 +81,16 @@ def _web(replicas: int) -> Job:
 async def cluster(
     dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
-    db = tmp_path / "forge.db"
-    address = dev_env.client.service_client.config.target_host
-    queue = f"spread-{uuid.uuid4().hex[:8]}"
-    worker = WorkerProc(address, queue, f"sqlite:///{db}", tmp_path / "worker.log")
-    store = SqliteStore(db)
-    fc = ForgeClient(
-        dev_env.client,
-        cluster=CLUSTER,
-        task_queue=queue,
-        options=c.ClusterOptions(watch_poll=0.2, heartbeat_ttl=TTL),
-        store=store,
-    )
-    env = {
-        "FORGE_TEMPORAL_ADDRESS": address,
-        "FORGE_TASK_QUEUE": queue,
-        "FORGE_STORE": f"sqlite:///{db}",
-        "FORGE_CLUSTER": CLUSTER,
-    }
-    cl = Cluster(fc, store, tmp_path, env, worker)
-    try:
-        await fc.start()
+    async with agent_cluster(
+        dev_env,
+        tmp_path,
+        CLUSTER,
+        ttl=TTL,
+        agent_flags=("--cpu", "2000"),
+        make=Cluster,
+        on_failure=lambda: call_failed(request),
+    ) as cl:
         yield cl
-    finally:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(cl.logs())
-        for p in cl.agents.values():  # all at once, then each waited for
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in cl.agents.values():
-            stop_process(p, timeout=20)
-        # the agents leave their tasks running by design (for adoption): end them
-        kill_tasks(task_processes({"FORGE_CLUSTER": CLUSTER}))
-        worker.stop()
-        store.close()
 
 
 async def test_a_zone_killed_with_kill_9_leaves_four_of_six_answering_then_six_balanced(
@@ -170,7 +98,7 @@ async def test_a_zone_killed_with_kill_9_leaves_four_of_six_answering_then_six_b
 ) -> None:
     cl = cluster
     for node in ZONES:
-        cl.start_agent(node)
+        cl.start_zone_agent(node)
     await eventually(cl.fc.status, lambda s: len(s.nodes) == 3, what="3 agents registered")
     await cl.fc.submit_job(_web(6))
 
@@ -179,7 +107,7 @@ async def test_a_zone_killed_with_kill_9_leaves_four_of_six_answering_then_six_b
 
     await eventually(
         ports,
-        lambda p: len(p) == 6 and all(_get(port) == 200 for port in p.values()),
+        lambda p: len(p) == 6 and all(http_status(port) == 200 for port in p.values()),
         timeout=60,
         what="6 replicas answering",
     )

@@ -153,7 +153,7 @@ async def diagnose(
         return None
     run_id = desc.run_id or ""
     failed = None
-    timed_out: HistoryEvent | None = None  # a started task that timed out, since the last completed
+    timed_out: HistoryEvent | None = None  # since the last completed task: one started, timed out
     streak_start = None
     first_completed: int | None = None
     events: list[HistoryEvent] = []

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 
 from forge.client import watchdog
 
@@ -160,6 +160,11 @@ class _FakeClient:
         return Service()
 
 
+async def _diagnose(client: _FakeClient, replays: _Replays | None = None) -> watchdog.Stuck | None:
+    check = watchdog.ReplayCheck(replays) if replays is not None else None
+    return await watchdog.diagnose(cast(Client, client), WF, replay=check)
+
+
 class _Replays:
     """A worker's replay, scripted: the verdict it returns, and how often it ran."""
 
@@ -175,11 +180,7 @@ class _Replays:
 async def test_a_streak_that_began_with_a_timeout_is_replayed_and_found_nondeterministic() -> None:
     client = _FakeClient(_history(first_attempt="timed out"), attempt=6)
     replays = _Replays(f"Workflow activation completion failed: {NDE}")
-    stuck = await watchdog.diagnose(
-        client,  # type: ignore[arg-type]
-        WF,
-        replay=watchdog.ReplayCheck(replays),
-    )
+    stuck = await _diagnose(client, replays)
     assert stuck is not None
     assert stuck.cause == "nondeterminism"
     assert stuck.reset_to == 4  # the run's first completed workflow task
@@ -194,7 +195,7 @@ async def test_a_streak_that_began_with_a_timeout_is_replayed_and_found_nondeter
 async def test_the_workflows_own_divergence_check_counts_as_nondeterminism() -> None:
     client = _FakeClient(_history(first_attempt="timed out"), attempt=3)
     replays = _Replays("DivergenceError: the store applied digest abc, this replay plans def")
-    stuck = await watchdog.diagnose(client, WF, replay=watchdog.ReplayCheck(replays))  # type: ignore[arg-type]
+    stuck = await _diagnose(client, replays)
     assert stuck is not None and stuck.cause == "nondeterminism"
 
 
@@ -203,21 +204,20 @@ async def test_a_streak_that_replays_cleanly_is_left_to_heal() -> None:
     client = _FakeClient(_history(first_attempt="timed out"), attempt=2)
     for verdict in (None, "[TMPRL1101] Potential deadlock detected"):
         replays = _Replays(verdict)
-        check = watchdog.ReplayCheck(replays)
-        assert await watchdog.diagnose(client, WF, replay=check) is None  # type: ignore[arg-type]
+        assert await _diagnose(client, replays) is None
         assert len(replays.histories) == 1
 
 
 async def test_without_a_replay_a_timed_out_streak_is_not_diagnosed() -> None:
     """``forge cluster status`` (no workflow code): as before, nothing to say."""
     client = _FakeClient(_history(first_attempt="timed out"), attempt=6)
-    assert await watchdog.diagnose(client, WF) is None  # type: ignore[arg-type]
+    assert await _diagnose(client) is None
 
 
 async def test_a_recorded_failure_needs_no_replay() -> None:
     client = _FakeClient(_history(first_attempt="failed"), attempt=2)
     replays = _Replays(None)
-    stuck = await watchdog.diagnose(client, WF, replay=watchdog.ReplayCheck(replays))  # type: ignore[arg-type]
+    stuck = await _diagnose(client, replays)
     assert stuck is not None and stuck.cause == "nondeterminism" and stuck.reset_to == 4
     assert replays.histories == []
 
@@ -228,14 +228,14 @@ async def test_a_streak_is_replayed_once_however_often_the_watchdog_looks() -> N
     check = watchdog.ReplayCheck(replays)
     for attempt in (2, 3, 4):
         client.attempt = attempt
-        assert await watchdog.diagnose(client, WF, replay=check) is None  # type: ignore[arg-type]
+        assert await watchdog.diagnose(cast(Client, client), WF, replay=check) is None
     assert len(replays.histories) == 1
 
 
 async def test_a_single_attempt_is_not_a_streak() -> None:
     client = _FakeClient(_history(first_attempt="timed out"), attempt=1)
     replays = _Replays(NDE)
-    assert await watchdog.diagnose(client, WF, replay=watchdog.ReplayCheck(replays)) is None  # type: ignore[arg-type]
+    assert await _diagnose(client, replays) is None
     assert replays.histories == []
 
 
@@ -246,7 +246,7 @@ async def test_the_watchdog_given_a_replay_resets_the_unrecorded_streak() -> Non
     client = _FakeClient(_history(first_attempt="timed out"), attempt=6, stop=stop)
     await asyncio.wait_for(
         watchdog.watch(
-            client,  # type: ignore[arg-type]
+            cast(Client, client),
             "queue",
             period=0.01,
             stop=stop,

@@ -20,6 +20,7 @@ from datetime import timedelta
 
 import structlog
 from temporalio.client import Client, WorkflowHistory
+from temporalio.converter import DataConverter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
@@ -144,13 +145,11 @@ def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
     )
 
 
-def history_replay(client: Client, runtime: Runtime | None = None) -> watchdog.Replay:
+def history_replay(converter: DataConverter, runtime: Runtime | None = None) -> watchdog.Replay:
     """The watchdog's replay: a run's history through this worker's workflow code
-    (and the client's data converter: the same codec keys), as a worker taking the
+    (with the client's data converter: the same codec keys), as a worker taking the
     run over would replay it. None when it replays cleanly, else the failure."""
-    replayer = Replayer(
-        workflows=[ClusterWorkflow], data_converter=client.data_converter, runtime=runtime
-    )
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=converter, runtime=runtime)
 
     async def replay(history: WorkflowHistory) -> str | None:
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
@@ -192,7 +191,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
                 period=settings.watchdog_seconds,
                 meter=runtime.metric_meter,
                 stop=stop,
-                replay=history_replay(client, runtime),
+                replay=history_replay(client.data_converter, runtime),
             )
         )
     try:

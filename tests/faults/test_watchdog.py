@@ -272,7 +272,11 @@ async def test_a_streak_whose_first_attempt_timed_out_is_found_by_replay_and_res
         stop = asyncio.Event()
         guard = asyncio.create_task(
             watchdog.watch(
-                client, queue, period=0.2, stop=stop, replay=worker.history_replay(client)
+                client,
+                queue,
+                period=0.2,
+                stop=stop,
+                replay=worker.history_replay(client.data_converter),
             )
         )
         try:

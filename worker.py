@@ -19,10 +19,11 @@ import time
 from datetime import timedelta
 
 import structlog
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
+from temporalio.converter import DataConverter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from activities.store_activities import StoreActivities
 from forge.client import watchdog
@@ -33,7 +34,7 @@ from forge.stores import Store, open_store
 from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
 
-__all__ = ["GcGovernor", "build_worker", "main", "run_worker"]
+__all__ = ["GcGovernor", "build_worker", "history_replay", "main", "run_worker"]
 
 log = structlog.get_logger("forge.worker")
 
@@ -144,6 +145,19 @@ def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
     )
 
 
+def history_replay(converter: DataConverter, runtime: Runtime | None = None) -> watchdog.Replay:
+    """The watchdog's replay: a run's history through this worker's workflow code
+    (with the client's data converter: the same codec keys), as a worker taking the
+    run over would replay it. None when it replays cleanly, else the failure."""
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=converter, runtime=runtime)
+
+    async def replay(history: WorkflowHistory) -> str | None:
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        return None if result.replay_failure is None else str(result.replay_failure)
+
+    return replay
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     runtime = Runtime.default()
     if settings.metrics_port:
@@ -177,6 +191,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
                 period=settings.watchdog_seconds,
                 meter=runtime.metric_meter,
                 stop=stop,
+                replay=history_replay(client.data_converter, runtime),
             )
         )
     try:

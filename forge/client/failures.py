@@ -8,7 +8,9 @@ where the SDK's exceptions become them, each with a message that says what to do
   the address;
 - an ``RPCError``: NOT_FOUND for the workflow is a cluster that is not running
   (:class:`~forge.errors.Unavailable`: start it), a deadline or UNAVAILABLE is
-  Temporal or the worker not answering, anything else a plain ``ForgeError``;
+  Temporal or the worker not answering, an update refused while the run's workflow
+  task keeps failing is the run stuck (``Unavailable``: what to look at), anything
+  else a plain ``ForgeError``;
 - an update the workflow refused: the kind its ``ApplicationError`` type names
   (:func:`forge.wire.errors.decode`: ``InvalidInput``, ``NotFound``, ``Busy`` ...);
 - a payload this process cannot decrypt: a settings problem (the codec keys).
@@ -25,7 +27,11 @@ from dataclasses import dataclass
 
 from forge.errors import ForgeError, InvalidInput, Unavailable
 
-__all__ = ["Where", "connect_failure", "connect_problem", "one_line", "translate"]
+__all__ = ["TASK_FAILING", "Where", "connect_failure", "connect_problem", "one_line", "translate"]
+
+#: What Temporal says (FAILED_PRECONDITION) when it refuses an update or a query
+#: because the run's workflow task keeps failing (its third attempt or later).
+TASK_FAILING = "workflow task in failed state"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,13 @@ def _rpc_failure(err: BaseException, where: Where) -> ForgeError:
         return Unavailable(
             f"the cluster workflow {where.workflow_id} did not answer in time: is a worker "
             f"(`forge worker`) polling task queue {where.task_queue!r} at {where.address}?"
+        )
+    if err.status == RPCStatusCode.FAILED_PRECONDITION and TASK_FAILING in msg.lower():
+        return Unavailable(
+            f"the cluster workflow {where.workflow_id} is stuck: its workflow task keeps "
+            f"failing and Temporal refuses requests until one completes ({msg}); a "
+            "worker's watchdog resets a run stuck on nondeterminism: see `forge cluster "
+            "status` and the workers' logs"
         )
     if err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.RESOURCE_EXHAUSTED):
         return Unavailable(f"Temporal at {where.address} is unavailable: {msg}")

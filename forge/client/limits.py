@@ -12,6 +12,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from forge.client import failures
 from forge.core.models import MAX_BATCH_BYTES
 from forge.errors import ForgeError, InvalidInput
 from forge.wire import errors
@@ -21,11 +22,13 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "MAX_UPDATES_IN_FLIGHT",
     "RETRY_DELAYS",
+    "TASK_FAILING_DELAYS",
     "ForgeError",
     "batches",
     "busy",
     "busy_refusal",
     "check_size",
+    "task_failing",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -38,6 +41,12 @@ RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 5.0, 5.0
 #: After a "busy" refusal (the run is about to continue as new, which takes about a
 #: second): retry briskly, for up to a minute. A refusal leaves nothing in history.
 BUSY_DELAYS = (0.05, 0.1, 0.2, 0.3, *(0.5,) * 118)
+#: After a refusal because the run's workflow task keeps failing (Temporal refuses
+#: updates from its third attempt until one completes: "Workflow Task in failed
+#: state"): a worker's watchdog resets a run stuck on nondeterminism within its
+#: period (10 s by default), and the update then goes through. Retried for about a
+#: minute; nothing entered history.
+TASK_FAILING_DELAYS = (0.25, 0.5, 1.0, 2.0, *(4.0,) * 15)
 #: The largest request (as JSON) the client sends: a batch of MAX_BATCH_BYTES plus
 #: its envelope. Temporal refuses payloads over 2 MiB, and one that gets through
 #: near that size makes the workflow's own commands too big; so a bigger request
@@ -49,6 +58,16 @@ def busy(err: RPCError) -> bool:
     if "exceeds maximum size" in str(err) or "larger than max" in str(err):
         return False  # a gRPC message too big: retrying cannot help
     return err.status == RPCStatusCode.RESOURCE_EXHAUSTED or "in-flight" in str(err)
+
+
+def task_failing(err: RPCError) -> bool:
+    """Temporal refused the update because the run's workflow task keeps failing
+    (FAILED_PRECONDITION, "Workflow Task in failed state"): retried, as the run may
+    be reset or heal meanwhile."""
+    return (
+        err.status == RPCStatusCode.FAILED_PRECONDITION
+        and failures.TASK_FAILING in str(err).lower()
+    )
 
 
 def busy_refusal(err: WorkflowUpdateFailedError) -> bool:

@@ -3,8 +3,9 @@
 :class:`~forge.client.client.ForgeClient` holds the verbs (submit, scale, drain ...)
 and what each means; this base class holds the one way they all travel, so every
 verb gets the same rules: a size check before sending (:mod:`forge.client.limits`),
-at most ``MAX_UPDATES_IN_FLIGHT`` updates at once, a busy server or a run about to
-continue as new retried with backoff, and update-with-start, which starts the
+at most ``MAX_UPDATES_IN_FLIGHT`` updates at once, a busy server, a run about to
+continue as new or a run whose workflow task keeps failing (until the watchdog
+resets it) retried with backoff, and update-with-start, which starts the
 cluster workflow in the same call when it is not running (with its search
 attribute, or without one on a server where it is not registered).
 
@@ -40,8 +41,10 @@ from forge.client.limits import (
     BUSY_DELAYS,
     MAX_UPDATES_IN_FLIGHT,
     RETRY_DELAYS,
+    TASK_FAILING_DELAYS,
     busy,
     busy_refusal,
+    task_failing,
 )
 from forge.client.limits import check_size as _check_size
 from forge.wire import contract as c
@@ -171,18 +174,23 @@ class Transport:
         raise AssertionError("unreachable")
 
     async def _admitted(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Run an update call within the in-flight budget, retrying when busy."""
+        """Run an update call within the in-flight budget, retrying when busy or
+        while the run's workflow task keeps failing (each with its own backoff)."""
         if self._in_flight is None:
             self._in_flight = asyncio.Semaphore(MAX_UPDATES_IN_FLIGHT)
         async with self._in_flight:
-            for delay in (*RETRY_DELAYS, None):
+            busy_delays, failing_delays = iter(RETRY_DELAYS), iter(TASK_FAILING_DELAYS)
+            while True:
                 try:
                     return await call()
                 except RPCError as err:
-                    if delay is None or not busy(err):
+                    delays = (
+                        busy_delays if busy(err) else failing_delays if task_failing(err) else None
+                    )
+                    delay = None if delays is None else next(delays, None)
+                    if delay is None:
                         raise
                     await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
 
 
 async def all_or_first_failure(calls: Sequence[Awaitable[None]]) -> None:

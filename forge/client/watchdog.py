@@ -20,20 +20,31 @@ loop does not handle (``LoopActivityFailed``:
 "activity failed", with the activity and its error). A loop that waits out a
 failing store fails no task; it says so in its memo (``forge-stalled``), shown as
 "store error" with the error.
+
+History records only the *first* attempt of a failing workflow task: when that
+attempt timed out instead (the worker holding it died, or a legacy query's replay
+failed there and the task was never answered), the attempts that then fail again
+and again leave no ``WorkflowTaskFailed`` event, and ``describe()`` gives no cause.
+A worker's watchdog is given ``replay`` (the worker's own workflow code) and, for
+such a streak, replays the run's history once: a nondeterminism it reproduces is
+reset like a recorded one. Without it (``forge cluster status``) such a run is not
+diagnosed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import structlog
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.common import MetricMeter
 
 from forge.core.reconcile import MAX_WORK
@@ -46,6 +57,8 @@ __all__ = [
     "DIVERGENCE",
     "MIN_BUDGET",
     "STORE_ERROR",
+    "Replay",
+    "ReplayCheck",
     "Stuck",
     "diagnose",
     "recover",
@@ -56,9 +69,34 @@ log = structlog.get_logger("forge.client.watchdog")
 
 _NDE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
 _DEADLOCK_MARK = "[TMPRL1101]"  # the SDK's code for an activation over its time limit
+_NDE_MARK = "[TMPRL1100]"  # the SDK's code for a nondeterminism error
 #: The failure type of the workflow's own divergence check (a replay planned another
 #: delta than the store applied): nondeterminism found by Forge instead of the SDK.
 DIVERGENCE = "DivergenceError"
+_DIVERGENCE_MESSAGE = "store applied digest"  # its message (a replay's failure text)
+
+#: Replays a run's history with the worker's workflow code: None when it replays
+#: cleanly, else the replay failure's text.
+Replay = Callable[[WorkflowHistory], Awaitable[str | None]]
+
+
+class ReplayCheck:
+    """``Replay`` once per streak of a run (the history before the streak does not
+    change while no task completes), so a watchdog looking every second does not
+    replay the same run again and again."""
+
+    def __init__(self, replay: Replay, *, keep: int = 64) -> None:
+        self._replay = replay
+        self._keep = keep
+        self._verdicts: dict[tuple[str, int], str | None] = {}
+
+    async def __call__(self, run_id: str, streak: int, history: WorkflowHistory) -> str | None:
+        key = (run_id, streak)
+        if key not in self._verdicts:
+            if len(self._verdicts) >= self._keep:
+                self._verdicts.clear()
+            self._verdicts[key] = await self._replay(history)
+        return self._verdicts[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +127,12 @@ STORE_ERROR = "store error"
 ACTIVITY_FAILED = "activity failed"
 
 
-async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
+async def diagnose(
+    client: Client, workflow_id: str, *, replay: ReplayCheck | None = None
+) -> Stuck | None:
     """Is the workflow's current run stuck on a failing workflow task, or waiting
-    for a failing store? None if not."""
+    for a failing store? None if not. ``replay``: see the module's docstring (a
+    streak that began with a timeout records no failure)."""
     desc = await client.get_workflow_handle(workflow_id).describe()
     pending = desc.raw_description.pending_workflow_task
     if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -112,20 +153,44 @@ async def diagnose(client: Client, workflow_id: str) -> Stuck | None:
         return None
     run_id = desc.run_id or ""
     failed = None
+    timed_out: HistoryEvent | None = None  # since the last completed task: one started, timed out
     streak_start = None
     first_completed: int | None = None
+    events: list[HistoryEvent] = []
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     async for ev in handle.fetch_history_events():
+        events.append(ev)
         if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             if failed is None:
                 streak_start = ev.event_time.ToDatetime()
             failed = ev
+        elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            timeout = ev.workflow_task_timed_out_event_attributes.timeout_type
+            if timeout == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE and timed_out is None:
+                timed_out = ev
         elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             if first_completed is None:
                 first_completed = ev.event_id
             failed = None
+            timed_out = None
     if failed is None:
-        return None  # timeouts (a worker died holding the task) heal by themselves
+        if timed_out is None or replay is None:
+            return None  # timeouts (a worker died holding the task) heal by themselves
+        # the attempts after the timeout failed or timed out unrecorded: replay
+        verdict = await replay(run_id, timed_out.event_id, WorkflowHistory(workflow_id, events))
+        if verdict is None or not any(
+            mark in verdict for mark in (_NDE_MARK, DIVERGENCE, _DIVERGENCE_MESSAGE)
+        ):
+            return None  # it replays (a worker died holding the task): it heals
+        return Stuck(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            attempt=pending.attempt,
+            cause="nondeterminism",
+            since=timed_out.event_time.ToDatetime(),
+            reset_to=first_completed,
+            message=f"found by replaying the run: {verdict}"[:500],
+        )
     attrs = failed.workflow_task_failed_event_attributes
     message = attrs.failure.message
     kind = attrs.failure.application_failure_info.type
@@ -195,10 +260,14 @@ async def watch(
     period: float,
     meter: MetricMeter | None = None,
     stop: asyncio.Event | None = None,
+    replay: Replay | None = None,
 ) -> None:
     """Every ``period`` seconds, look at the running cluster workflows of
-    ``task_queue`` and recover the stuck ones. Runs until ``stop`` is set."""
+    ``task_queue`` and recover the stuck ones. Runs until ``stop`` is set.
+    ``replay``: the worker's workflow code, to diagnose a streak that history does
+    not record (see the module's docstring)."""
     stop = stop or asyncio.Event()
+    check = ReplayCheck(replay) if replay is not None else None
     failures = (
         meter.create_counter(
             "forge_workflow_task_failures_total",
@@ -221,7 +290,7 @@ async def watch(
     while not stop.is_set():
         try:
             async for wf in client.list_workflows(query):
-                stuck = await diagnose(client, wf.id)
+                stuck = await diagnose(client, wf.id, replay=check)
                 if stuck is None:
                     continue
                 key = (stuck.run_id, stuck.cause, stuck.reset_to or 0)

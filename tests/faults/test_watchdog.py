@@ -220,3 +220,87 @@ async def test_a_deadlock_that_repeats_is_reset_with_a_smaller_budget_and_conver
         assert f"{MAX_WORK // 2:,}" in " ".join(status.notices)
         assert_store_is_the_workflows(store, fc.cluster)
         await fc.handle().terminate("test finished")
+
+
+async def test_a_streak_whose_first_attempt_timed_out_is_found_by_replay_and_reset(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    """History records the first attempt of a failing workflow task only. Here that
+    attempt times out (a poller takes it and never answers, as a worker did in the
+    kill test after a legacy query's replay failed there): the nondeterminism of
+    every attempt after it leaves no event, so only a replay of the run finds it.
+    The watchdog with ``worker.py``'s replay resets the run; the loop converges."""
+    from temporalio.api.enums.v1 import TaskQueueKind
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest
+
+    import worker
+
+    client = dev_env.client
+    queue, store, fc = _fresh_cluster(client)
+    # 1. the buggy worker serves the run: the live-only timer enters its history
+    async with _worker(client, queue, store, TimerOnlyWhenLive):
+        await fc.register_nodes([node("a"), node("b")])
+        await fc.submit_job(job("web", replicas=4, cpu=1000))
+        first_run = await _run_id(fc)
+    assert first_run is not None
+
+    # 2. a new task (a signal); a silent poller takes its first attempt
+    await fc.register_nodes([node("c")])
+    polled = await client.workflow_service.poll_workflow_task_queue(
+        PollWorkflowTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            identity="silent-poller",
+        )
+    )
+    assert polled.workflow_execution.run_id == first_run and polled.attempt == 1
+
+    # 3. a correct worker takes the attempts after the timeout: each fails replay
+    async with _worker(client, queue, store, ClusterWorkflow):
+        await eventually(
+            lambda: fc.handle().describe(),
+            lambda d: d.raw_description.pending_workflow_task.attempt >= 2,
+            timeout=60,
+            what="the first attempt timing out",
+        )
+        # what history shows: a timeout, no failure; without a replay, nothing to see
+        assert await _task_failures(client, fc.workflow_id, first_run) == 0
+        assert await watchdog.diagnose(client, fc.workflow_id) is None
+
+        # 4. the watchdog as worker.py runs it replays the run, finds it, resets it
+        stop = asyncio.Event()
+        guard = asyncio.create_task(
+            watchdog.watch(
+                client,
+                queue,
+                period=0.2,
+                stop=stop,
+                replay=worker.history_replay(client.data_converter),
+            )
+        )
+        try:
+            new_run = await eventually(
+                lambda: _run_id(fc), lambda r: r != first_run, timeout=60, what="the reset"
+            )
+            status = await eventually(
+                fc.status,
+                lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
+                timeout=60,
+                what="convergence after the reset (the signal reapplied)",
+            )
+        finally:
+            stop.set()
+            await guard
+    assert status.summary.pending == 0
+    assert_store_is_the_workflows(store, fc.cluster)
+    old = client.get_workflow_handle(fc.workflow_id, run_id=first_run)
+    reasons = [
+        ev.workflow_execution_terminated_event_attributes.reason
+        async for ev in old.fetch_history_events()
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED
+    ]
+    assert len(reasons) == 1 and "found by replaying the run" in reasons[0], reasons
+    assert "[TMPRL1100]" in reasons[0]
+    assert await _task_failures(client, fc.workflow_id, new_run) == 0
+    await fc.handle().terminate("test finished")

@@ -310,9 +310,12 @@ def test_bench_runs_on_a_tiny_trace(tmp_path: Path) -> None:
 
 def _naive_binpack(placer: Placer, req: Request) -> NodeAlloc | None:
     """The binpack rule spelled out: score the first ``candidates`` nodes (in the
-    placer's seeded order) that can take the replica now; the best wins, the
-    earliest on a tie."""
-    window = [n for n in placer.order if n.schedulable and n.fits(req)][: placer.candidates]
+    placer's seeded order, GPU nodes first for work without GPUs) that can take the
+    replica now; the best wins, the earliest on a tie."""
+    order = placer.order
+    if not req.gpu:  # stable: each part keeps the seeded order
+        order = [n for n in order if n.node.gpus] + [n for n in order if not n.node.gpus]
+    window = [n for n in order if n.schedulable and n.fits(req)][: placer.candidates]
     best, best_score = None, -1e18
     for n in window:
         s = combined(n, req, placer.scorers)

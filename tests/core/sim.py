@@ -142,7 +142,9 @@ class Sim:
 
     nodes: dict[str, Node]
     jobs: dict[str, Job]
-    options: ReconcileOptions = field(default_factory=ReconcileOptions)
+    #: no GPU reservation: the invariant checks below are independent of
+    #: forge.core.placement and do not model it (tests/strategies.py ``options``)
+    options: ReconcileOptions = field(default_factory=lambda: ReconcileOptions(gpu_reserve=0))
     now: float = 1000.0
     bindings: dict[str, Binding] = field(default_factory=dict)
     pending: dict[str, PendingEntry] = field(default_factory=dict)
@@ -518,7 +520,7 @@ def sim(nodes: Iterable[Node], jobs: Iterable[Job], **options: Any) -> Sim:
     return Sim(
         nodes={n.id: n for n in nodes},
         jobs={j.id: j for j in jobs},
-        options=ReconcileOptions(**options),
+        options=ReconcileOptions(**{"gpu_reserve": 0, **options}),
         now=0.0,
     )
 

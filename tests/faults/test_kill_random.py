@@ -23,8 +23,15 @@ Two kinds (``queries``):
   SDK defect (a query task replayed as a live activation,
   ``../shared/research/temporal-query-takeover/``). Tolerated only with its
   signature: a nondeterminism failure that the workers' own watchdog recovers from
-  (nothing manual) and whose saved history *also* fails offline replay. A run that
-  failed online yet replays cleanly offline is our bug, and fails the test.
+  (nothing manual) and whose saved history *also* fails offline replay, or, in the
+  defect's live-only form, a nondeterminism failure *at an update event* on the
+  worker that ran the query as a live activation, before any bad command was
+  recorded: then the history replays cleanly (seen once in CI, seed 335482:
+  "Activity machine does not handle this event: WorkflowExecutionUpdateAccepted";
+  step 4 of the research's mechanism). Any other run that failed online yet replays
+  cleanly offline is our bug, and fails the test; without queries nothing is
+  tolerated at all, which is what catches a live-only nondeterminism of ours
+  (tests/mutations/live-only-timer.patch).
 
 Every run's history (reset runs too) is saved and replayed offline at the end.
 """
@@ -78,6 +85,17 @@ GPU_NODE = {"cpu": 8000, "memory": 32768, "gpus": 4}  # pool=gpu: ml replicas (1
 WEB_CPU, ML_CPU = 500, 1000
 HEADROOM = 0.6  # demand kept below this share of live capacity: all must fit
 FAST_RESCHEDULE = {"delay": 0.3, "max_delay": 1.0, "unlimited": True}
+
+
+_UPDATE_EVENTS = ("WorkflowExecutionUpdateAccepted", "WorkflowExecutionUpdateCompleted")
+
+
+def _at_an_update(cause: str, message: str) -> bool:
+    """The query-takeover defect's live-only form: nondeterminism at an update event
+    (or in the update machine) on the worker that ran a query as a live activation."""
+    return cause == "non_deterministic_error" and (
+        "Update machine" in message or any(e in message for e in _UPDATE_EVENTS)
+    )
 
 
 def _seed() -> int:
@@ -423,6 +441,7 @@ async def test_kill_9_at_random_moments_keeps_every_promise(
         resets = len(_watchdog_resets(spawn_worker.procs))
         failed = [r for r in runs if r.failures]
         latent = [r for r in runs if not r.failures and r.replays_offline is not None]
+        live_only = [r for r in failed if queries and r.replays_offline is None]
         figures: dict[str, Any] = {
             "seed": seed,
             "queries": queries,
@@ -443,6 +462,7 @@ async def test_kill_9_at_random_moments_keeps_every_promise(
             "runs_with_task_failures": len(failed),
             "automatic_resets": resets,
             "runs_failing_offline_replay_only": len(latent),
+            "runs_failing_online_only": len(live_only),
             "manual_resets": 0,
             **dict(sorted(counters.items())),
             **hist,
@@ -467,9 +487,10 @@ async def test_kill_9_at_random_moments_keeps_every_promise(
             assert causes <= {"non_deterministic_error", "divergence"}, (
                 f"not the known signature: {r}"
             )
-            assert r.replays_offline is not None, (
-                f"run {r.run_id} failed online but replays offline: our bug, not the SDK's: {r}"
-            )
+            if r.replays_offline is None:
+                assert all(_at_an_update(c, m) for c, m in r.failures), (
+                    f"run {r.run_id} failed online but replays offline: our bug, not the SDK's: {r}"
+                )
         assert resets >= len(failed), "a stuck run was not reset by the watchdog"
     except BaseException:
         stop_reader.set()

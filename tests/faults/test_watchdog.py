@@ -34,6 +34,7 @@ from forge.client.client import ForgeClient
 from forge.core.reconcile import MAX_WORK
 from forge.stores import MemoryStore, Store
 from forge.wire import contract as c
+from forge.wire.published import StatusView
 from tests.e2e.procs import assert_store_is_the_workflows, eventually
 from tests.workflow.harness import default_options, job, node
 from workflows.cluster import ClusterWorkflow
@@ -134,18 +135,7 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
         stop = asyncio.Event()
         guard = asyncio.create_task(watchdog.watch(client, queue, period=0.2, stop=stop))
         try:
-            new_run = await eventually(
-                lambda: _run_id(fc),
-                lambda r: r != first_run,
-                timeout=60,
-                what="the watchdog's reset",
-            )
-            status = await eventually(
-                fc.status,
-                lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
-                timeout=60,
-                what="convergence after the reset (the signal reapplied)",
-            )
+            new_run, status = await _reset_then_converged(fc, first_run)
         finally:
             stop.set()
             await guard
@@ -156,6 +146,23 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
         assert time.monotonic() - started < 30
         assert await _task_failures(client, fc.workflow_id, new_run) == 0
         await fc.handle().terminate("test finished")
+
+
+async def _reset_then_converged(
+    fc: ForgeClient, first_run: str | None
+) -> tuple[str | None, StatusView]:
+    """The run the watchdog's reset started, and the status once the cluster (3
+    nodes, 4 replicas, the signal reapplied) has converged on it."""
+    new_run = await eventually(
+        lambda: _run_id(fc), lambda r: r != first_run, timeout=60, what="the watchdog's reset"
+    )
+    status = await eventually(
+        fc.status,
+        lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
+        timeout=60,
+        what="convergence after the reset (the signal reapplied)",
+    )
+    return new_run, status
 
 
 async def _run_id(fc: ForgeClient) -> str | None:
@@ -280,15 +287,7 @@ async def test_a_streak_whose_first_attempt_timed_out_is_found_by_replay_and_res
             )
         )
         try:
-            new_run = await eventually(
-                lambda: _run_id(fc), lambda r: r != first_run, timeout=60, what="the reset"
-            )
-            status = await eventually(
-                fc.status,
-                lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
-                timeout=60,
-                what="convergence after the reset (the signal reapplied)",
-            )
+            new_run, status = await _reset_then_converged(fc, first_run)
         finally:
             stop.set()
             await guard

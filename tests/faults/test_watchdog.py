@@ -132,13 +132,7 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
         assert any("stuck since" in n and "nondeterminism" in n for n in status.notices)
 
         # 3. the watchdog (as worker.py runs it) resets the run; the loop converges
-        stop = asyncio.Event()
-        guard = asyncio.create_task(watchdog.watch(client, queue, period=0.2, stop=stop))
-        try:
-            new_run, status = await _reset_then_converged(fc, first_run)
-        finally:
-            stop.set()
-            await guard
+        new_run, status = await _reset_by_watchdog(client, queue, fc, first_run)
         assert status.summary.pending == 0
         assert_store_is_the_workflows(store, fc.cluster)
         started = time.monotonic()
@@ -148,20 +142,31 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
         await fc.handle().terminate("test finished")
 
 
-async def _reset_then_converged(
-    fc: ForgeClient, first_run: str | None
+async def _reset_by_watchdog(
+    client: Client,
+    queue: str,
+    fc: ForgeClient,
+    first_run: str | None,
+    replay: watchdog.Replay | None = None,
 ) -> tuple[str | None, StatusView]:
-    """The run the watchdog's reset started, and the status once the cluster (3
-    nodes, 4 replicas, the signal reapplied) has converged on it."""
-    new_run = await eventually(
-        lambda: _run_id(fc), lambda r: r != first_run, timeout=60, what="the watchdog's reset"
-    )
-    status = await eventually(
-        fc.status,
-        lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
-        timeout=60,
-        what="convergence after the reset (the signal reapplied)",
-    )
+    """Run the watchdog (as worker.py runs it, with ``replay`` or without) until it
+    has reset the run: the new run, and the status once the cluster (3 nodes, 4
+    replicas, the signal reapplied) has converged on it."""
+    stop = asyncio.Event()
+    guard = asyncio.create_task(watchdog.watch(client, queue, period=0.2, stop=stop, replay=replay))
+    try:
+        new_run = await eventually(
+            lambda: _run_id(fc), lambda r: r != first_run, timeout=60, what="the watchdog's reset"
+        )
+        status = await eventually(
+            fc.status,
+            lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
+            timeout=60,
+            what="convergence after the reset (the signal reapplied)",
+        )
+    finally:
+        stop.set()
+        await guard
     return new_run, status
 
 
@@ -276,21 +281,8 @@ async def test_a_streak_whose_first_attempt_timed_out_is_found_by_replay_and_res
         assert await watchdog.diagnose(client, fc.workflow_id) is None
 
         # 4. the watchdog as worker.py runs it replays the run, finds it, resets it
-        stop = asyncio.Event()
-        guard = asyncio.create_task(
-            watchdog.watch(
-                client,
-                queue,
-                period=0.2,
-                stop=stop,
-                replay=worker.history_replay(client.data_converter),
-            )
-        )
-        try:
-            new_run, status = await _reset_then_converged(fc, first_run)
-        finally:
-            stop.set()
-            await guard
+        replay = worker.history_replay(client.data_converter)
+        new_run, status = await _reset_by_watchdog(client, queue, fc, first_run, replay)
     assert status.summary.pending == 0
     assert_store_is_the_workflows(store, fc.cluster)
     old = client.get_workflow_handle(fc.workflow_id, run_id=first_run)

@@ -24,14 +24,35 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from forge.errors import ForgeError, InvalidInput, Unavailable
 
-__all__ = ["TASK_FAILING", "Where", "connect_failure", "connect_problem", "one_line", "translate"]
+if TYPE_CHECKING:
+    from temporalio.service import RPCError
+
+__all__ = [
+    "TASK_FAILING",
+    "Where",
+    "connect_failure",
+    "connect_problem",
+    "one_line",
+    "task_failing",
+    "translate",
+]
 
 #: What Temporal says (FAILED_PRECONDITION) when it refuses an update or a query
 #: because the run's workflow task keeps failing (its third attempt or later).
 TASK_FAILING = "workflow task in failed state"
+
+
+def task_failing(err: RPCError) -> bool:
+    """Temporal refused the call because the run's workflow task keeps failing
+    (FAILED_PRECONDITION, "Workflow Task in failed state"): the transport retries
+    it, as the run may be reset or heal meanwhile; past that it is the run stuck."""
+    from temporalio.service import RPCStatusCode  # lazily: the CLI's start-up stays light
+
+    return err.status == RPCStatusCode.FAILED_PRECONDITION and TASK_FAILING in str(err).lower()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +140,7 @@ def _rpc_failure(err: BaseException, where: Where) -> ForgeError:
             f"the cluster workflow {where.workflow_id} did not answer in time: is a worker "
             f"(`forge worker`) polling task queue {where.task_queue!r} at {where.address}?"
         )
-    if err.status == RPCStatusCode.FAILED_PRECONDITION and TASK_FAILING in msg.lower():
+    if task_failing(err):
         return Unavailable(
             f"the cluster workflow {where.workflow_id} is stuck: its workflow task keeps "
             f"failing and Temporal refuses requests until one completes ({msg}); a "

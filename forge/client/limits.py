@@ -12,7 +12,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge.client import failures
+from forge.client.failures import task_failing
 from forge.core.models import MAX_BATCH_BYTES
 from forge.errors import ForgeError, InvalidInput
 from forge.wire import errors
@@ -58,16 +58,6 @@ def busy(err: RPCError) -> bool:
     if "exceeds maximum size" in str(err) or "larger than max" in str(err):
         return False  # a gRPC message too big: retrying cannot help
     return err.status == RPCStatusCode.RESOURCE_EXHAUSTED or "in-flight" in str(err)
-
-
-def task_failing(err: RPCError) -> bool:
-    """Temporal refused the update because the run's workflow task keeps failing
-    (FAILED_PRECONDITION, "Workflow Task in failed state"): retried, as the run may
-    be reset or heal meanwhile."""
-    return (
-        err.status == RPCStatusCode.FAILED_PRECONDITION
-        and failures.TASK_FAILING in str(err).lower()
-    )
 
 
 def busy_refusal(err: WorkflowUpdateFailedError) -> bool:

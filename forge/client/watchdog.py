@@ -159,7 +159,8 @@ async def diagnose(
     events: list[HistoryEvent] = []
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     async for ev in handle.fetch_history_events():
-        events.append(ev)
+        if replay is not None:  # kept only for a replay
+            events.append(ev)
         if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             if failed is None:
                 streak_start = ev.event_time.ToDatetime()

@@ -316,7 +316,11 @@ def binding_row(b: Binding) -> ac.BindRow:
     return (*row, b.gpu_milli) if b.gpu_milli else row
 
 
-def binding_from_row(row: ac.BindRow) -> Binding:
+#: A stored status by its text (a dict lookup; the enum's own lookup is slower).
+_STATUS = {s.value: s for s in AssignmentStatus}
+
+
+def binding_from_row(row: ac.BindRow | ac.LoadedRow) -> Binding:
     job, group, ordinal, node, gpu_ids, cpu, mem, status = row[:8]
     return Binding(
         job,
@@ -326,7 +330,7 @@ def binding_from_row(row: ac.BindRow) -> Binding:
         tuple(gpu_ids),
         cpu,
         mem,
-        AssignmentStatus(status),
+        _STATUS[status],
         gpu_milli=row[8] if len(row) > 8 else 0,
         version=str(row[-1]) if len(row) == 10 else "",
     )

@@ -167,7 +167,7 @@ class ClusterOptions(_Msg):
     watch_poll: float = Field(default=0.5, gt=0, description="store poll period of the watch")
     resync_seconds: float = Field(default=3600.0, gt=0, description="full job reload period")
     job_page: int = Field(default=5000, ge=1)
-    snapshot_page: int = Field(default=20_000, ge=1)
+    snapshot_page: int = Field(default=10_000, ge=1)
     report_page: int = Field(default=5000, ge=1)
     max_passes_per_run: int = Field(
         default=0, ge=0, description="continue-as-new after this many passes (0: when suggested)"

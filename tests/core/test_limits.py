@@ -107,7 +107,7 @@ PENDING_SHOWN = 200
         "| 10,000,000 | `max_replay_cost` |",
         "| 2.5 s | `max_replay_seconds` |",
         "| backoff entries carried to the next run | 10,000 | `carry_backoff_limit` |",
-        "| 5,000 / 20,000 / 5,000 | `job_page`, `snapshot_page`, `report_page` |",
+        "| 5,000 / 10,000 / 5,000 | `job_page`, `snapshot_page`, `report_page` |",
     ],
 )
 def test_the_documented_numbers_are_the_ones_in_docs_limits_md(phrase: str) -> None:
@@ -467,7 +467,7 @@ def test_the_run_limits_default_to_their_documented_values() -> None:
     )
     assert (o.max_replay_cost, o.carry_backoff_limit) == (10_000_000, 10_000)
     assert o.max_replay_seconds == 2.5
-    assert (o.job_page, o.snapshot_page, o.report_page) == (5000, 20_000, 5000)
+    assert (o.job_page, o.snapshot_page, o.report_page) == (5000, 10_000, 5000)
     assert o.max_passes_per_run == 0
 
 

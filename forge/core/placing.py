@@ -21,7 +21,7 @@ from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import PREEMPTED, Wanted
-from forge.core.queue import SortKey
+from forge.core.queue import Parked, SortKey
 from forge.core.waiting import Deferred, backoff_delay, waiting
 
 __all__ = ["Bound", "Placing", "binding"]
@@ -67,8 +67,12 @@ class Placing:
         now: float,
         capacity_freed: bool,
         budget: int,
+        parked: dict[GroupKey, Parked[PendingEntry]] | None = None,
     ) -> None:
         self.plan, self.groups, self.placer = plan, groups, placer
+        #: groups whose replicas all waited, carried between passes (Parked); a pass
+        #: without a carry keeps its own, so it plans exactly what a carried one does
+        self.parked: dict[GroupKey, Parked[PendingEntry]] = {} if parked is None else parked
         self.pending, self.failures, self.just_failed = pending, failures, just_failed
         self.bound, self.options, self.now = bound, options, now
         self.capacity_freed, self.budget = capacity_freed, budget
@@ -152,7 +156,11 @@ class Placing:
         topo = self._topology(entry) if g.topology and options.topology else None
         if g.gang and options.gangs:
             return self._gang(entry, topo)
+        key = (job.id, g.name)
+        if topo is None and self._still_parked(key, entry, bound):
+            return False
         waiting_now = 0
+        walked: dict[str, PendingEntry] | None = {} if topo is None else None
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
             if wid in bindings:
@@ -165,7 +173,10 @@ class Placing:
                 plan.pending[wid] = wait
                 waiting_now += 1
                 self._note_gpu(req, constraints)
+                if walked is not None:
+                    walked[wid] = wait
                 continue
+            walked = None  # not every unbound replica waits: nothing to park
             if budget and (self.placed >= limit or placer.work + self.visited >= budget):
                 self._note_gpu(req, constraints)
                 # this group's replicas from here on; those before are settled
@@ -192,7 +203,44 @@ class Placing:
             plan.placed.append(b)
             self.placed += 1
             bound += 1
+        if walked:
+            self._park(key, entry, bound, walked)
+        else:
+            self.parked.pop(key, None)
         return False
+
+    def _still_parked(self, key: GroupKey, entry: Group, bound: int) -> bool:
+        """Take a parked group's entries whole when the walk would leave exactly
+        them (see :class:`forge.core.queue.Parked`): the same entries in the same
+        order, the same work counted, the same GPU note. False: walk it."""
+        rec = self.parked.get(key)
+        if rec is None:
+            return False
+        if (
+            rec.group is not entry
+            or rec.bound != bound
+            or self.now >= rec.until
+            or (rec.backoff and self.capacity_freed)
+        ):
+            del self.parked[key]
+            return False
+        pending, bindings, failed = self.pending, self.plan.bindings, self.just_failed
+        for wid, wait in rec.entries.items():
+            if pending.get(wid) is not wait or wid in bindings or wid in failed:
+                del self.parked[key]
+                return False
+        self.plan.pending.update(rec.entries)
+        self.visited += len(rec.entries)
+        _, g, req = entry
+        self._note_gpu(req, g.constraints)
+        return True
+
+    def _park(
+        self, key: GroupKey, entry: Group, bound: int, walked: dict[str, PendingEntry]
+    ) -> None:
+        until = min(w.not_before for w in walked.values())
+        backoff = any(w.kind == "backoff" for w in walked.values())
+        self.parked[key] = Parked(entry, bound, until, backoff, walked)
 
     def _gang(self, entry: Group, topo: Topology | None) -> bool:
         """Place a gang's missing replicas together or not at all (see

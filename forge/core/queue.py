@@ -24,10 +24,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from forge.core.models import Job
 
-__all__ = ["GroupOrder", "Queue", "SortKey", "asks_gpu", "sort_key"]
+__all__ = ["GroupOrder", "Parked", "Queue", "SortKey", "asks_gpu", "sort_key"]
 
 #: (-priority, not asks GPUs, job id): placement order.
 SortKey = tuple[int, bool, str]
@@ -48,6 +49,26 @@ def sort_key(job: Job) -> SortKey:
 GroupOrder = tuple[SortKey, int]
 
 
+E = TypeVar("E")
+
+
+@dataclass(slots=True, frozen=True)
+class Parked(Generic[E]):
+    """A group whose every unbound replica waited out a delay in the last pass that
+    walked it, with the entries it left (``forge.core.placing``). While none of it
+    changed (the same group object, bound count and entries, nothing of it just
+    failed, no delay over, no freed capacity for a backoff) a pass takes the entries
+    whole instead of walking the replicas again: at 10,000 nodes / 300,000 replicas
+    ~29,000 GPU replicas that fit nowhere head the placement order, and walking them
+    was ~40% of every pass's placement time."""
+
+    group: object  # the group entry recorded for, compared by identity
+    bound: int
+    until: float  # the earliest delay's end
+    backoff: bool  # some entry is a backoff (freed capacity retries those)
+    entries: dict[str, E]  # in ordinal order, as the walk left them
+
+
 @dataclass(slots=True)
 class Queue:
     asking: list[SortKey]
@@ -59,6 +80,8 @@ class Queue:
     order: list[tuple[GroupOrder, tuple[str, str]]] | None = None
     #: what this pass visits, in order (to_visit), for the next ``order``
     visiting: list[tuple[GroupOrder, tuple[str, str]]] = field(default_factory=list)
+    #: groups whose replicas all wait, as the last pass left them (see ``Parked``)
+    parked: dict[tuple[str, str], Parked[Any]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, jobs: Mapping[str, Job]) -> Queue:

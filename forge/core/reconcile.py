@@ -245,6 +245,7 @@ class _Pass(Releasing):
             now=self.now,
             capacity_freed=capacity_freed,
             budget=self.budget,
+            parked=queue.parked,
         )
         placing.run(self.visit, queue.last_asking())
         self.stop: int | None = placing.stop

@@ -176,6 +176,8 @@ def heartbeating(fn: Callable[P, R]) -> Callable[P, R]:
             while not stop.wait(HEARTBEAT_EVERY):
                 ctx.run(activity.heartbeat)
 
+        if activity.in_activity() and activity.info().is_local:
+            return fn(*args, **kwargs)  # a local activity has no heartbeat to send
         thread = threading.Thread(target=beat, name="forge-heartbeat", daemon=True)
         thread.start()
         try:
@@ -192,6 +194,12 @@ class StoreActivities:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # One job write per cluster at a time in this worker: a local write that
+        # timed out goes on in its thread (Python cannot stop it), and the ordinary
+        # activity the workflow then runs with the same specs must not commit before
+        # it, nor a later write of the same jobs (an older spec would win).
+        self._writing: dict[str, threading.Lock] = {}
+        self._writing_guard = threading.Lock()
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -245,6 +253,16 @@ class StoreActivities:
     @activity.defn(name=ACT_WRITE_JOBS)
     @heartbeating
     def write_jobs(self, req: WriteJobsIn) -> WriteJobsOut:
+        with self._writing_guard:
+            lock = self._writing.setdefault(req.cluster, threading.Lock())
+        # The SDK cancels a timed-out local activity by raising in its thread: one
+        # raised inside the store's transaction (after BEGIN, before its handler)
+        # left the thread's SQLite connection holding the write lock for good. The
+        # write finishes (or fails) first; a cancellation is raised after it.
+        with activity.shield_thread_cancel_exception(), lock:
+            return self._write_jobs(req)
+
+    def _write_jobs(self, req: WriteJobsIn) -> WriteJobsOut:
         revision = self.store.put_jobs(req.cluster, req.put)
         missing = []
         for job_id in req.delete:

@@ -73,6 +73,7 @@ class ClusterWorkflow(Presentation):
         self.published = ""  # the last status published (without per-pass fields)
         self.adaptive = False  # the adaptive-budget patch, decided by each pass
         self.to_target = False  # the budget-to-target patch, likewise
+        self.local_writes = False  # the job-writes-local patch, likewise
         self.plan_started = 0.0  # perf_counter at the pass's planning (a measurement)
         self.budget_used = MAX_WORK  # the budget the last plan was given
 
@@ -145,6 +146,8 @@ class ClusterWorkflow(Presentation):
     async def _pass(self) -> None:
         """Take what arrived, load, plan, persist, commit."""
         self.dirty = False
+        # asked every pass, as the other patches are (a run's history names them all)
+        self.local_writes = workflow.patched(patches.JOB_WRITES_LOCAL)
         now = workflow.now().timestamp()
         nodes_upsert, nodes_remove = self._take_news()
         written = await self._load(now)
@@ -186,11 +189,14 @@ class ClusterWorkflow(Presentation):
         """Write the queued jobs, load job changes, task reports and (when due)
         metrics. Returns the job-queue ticket the pass plans with."""
         st = self.st
-        if now - st.last_resync >= st.opts.resync_seconds:
+        resync = now - st.last_resync >= st.opts.resync_seconds
+        if resync:
             st.jobs_revision = 0  # a full reload (swapped in when complete)
             st.last_resync = now
         if self.queue.queued:
-            await self._write_jobs()
+            # revision 0 is then an empty store the loop has loaded (no resync due):
+            # its own first writes are taken without reading them back
+            await self._write_jobs(from_empty=self.local_writes and not resync)
         written = self.queue.written
         if st.known_revision > st.jobs_revision or not st.jobs_revision:
             await loading.load_jobs(st)
@@ -412,7 +418,7 @@ class ClusterWorkflow(Presentation):
             )
         return True
 
-    async def _write_jobs(self) -> None:
+    async def _write_jobs(self, *, from_empty: bool) -> None:
         st = self.st
         started = worker_clock()
         queue, ticket = self.queue.take()
@@ -422,9 +428,12 @@ class ClusterWorkflow(Presentation):
             delete=[i for i, j in queue.items() if j is None],
         )
         st.unrecorded += worker_clock() - started
-        out = await acts.write_jobs(write)
+        if self.local_writes:
+            out = await acts.write_jobs_local(write)
+        else:  # recorded before it: the specs were the activity's recorded input
+            out = await acts.write_jobs(write)
         started = worker_clock()
-        loading.take_own_writes(st, queue, out.revision, out.missing)
+        loading.take_own_writes(st, queue, out.revision, out.missing, from_empty=from_empty)
         st.unrecorded += worker_clock() - started
         self.st.known_revision = max(self.st.known_revision, out.revision)
         self.queue.written = ticket

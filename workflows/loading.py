@@ -119,16 +119,26 @@ def put_job(st: LoopState, jobs: dict[str, Job], job_id: str, job: Job | None) -
 
 
 def take_own_writes(
-    st: LoopState, queue: dict[str, Job | None], revision: int, missing: list[str]
+    st: LoopState,
+    queue: dict[str, Job | None],
+    revision: int,
+    missing: list[str],
+    *,
+    from_empty: bool = False,
 ) -> bool:
     """After this loop's own job write: when the store's revision moved by exactly
     the writes it made and nothing else was waiting to be loaded, the store holds
     what the loop already has, so the jobs go into the state without reading them
-    back (a job spec then crosses history once, in its update). False: load."""
+    back (a job spec then crosses history once, in its update). False: load.
+    Revision 0 means a full reload is due, unless ``from_empty`` says it is the
+    empty store the loop loaded (under the job-writes-local patch: before it, the
+    first jobs written were read back)."""
     written = sum(1 for job in queue.values() if job is not None)
     deleted = sum(1 for job_id, job in queue.items() if job is None and job_id not in missing)
     base = st.jobs_revision
-    if not base or st.known_revision > base or revision - base != written + deleted:
+    if (not base and not from_empty) or st.known_revision > base:
+        return False
+    if revision - base != written + deleted:
         return False
     for job_id, job in queue.items():
         if job is None and job_id in missing:

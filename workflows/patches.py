@@ -22,6 +22,7 @@ __all__ = [
     "DISRUPTION_BUDGETS",
     "GANGS",
     "HELD_BACK_DEFERRED",
+    "JOB_WRITES_LOCAL",
     "PREEMPTION",
     "REPLAY_SECONDS",
     "SPREAD_SCALE_DOWN",
@@ -77,3 +78,10 @@ BUDGET_TO_TARGET = "budget-to-target"
 #: entry while a node could take them (invariant 4; found when the state-machine
 #: tests moved to the one placement, which has the reservation).
 HELD_BACK_DEFERRED = "held-back-deferred"
+
+#: The queued job specs are written to the store by a local activity, whose input
+#: is not recorded: a submitted spec crosses the run's history once, in its update
+#: (issue 20; an ordinary activity recorded it a second time as its input). When the
+#: local write fails or times out, the same write goes through the ordinary activity
+#: (recorded, as before). Runs recorded before it use the ordinary activity.
+JOB_WRITES_LOCAL = "job-writes-local"

@@ -191,8 +191,8 @@ class SqliteStore(SqlReads):
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        try:  # (BEGIN inside: an exception raised in this thread right after it rolls back)
+            conn.execute("BEGIN IMMEDIATE")
             yield conn
             conn.execute("COMMIT")
         except BaseException:

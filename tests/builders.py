@@ -24,7 +24,7 @@ from forge.core.models import (
     TaskGroup,
 )
 
-__all__ = ["group", "job", "node"]
+__all__ = ["group", "job", "job_with_env", "node"]
 
 
 def node(
@@ -77,3 +77,26 @@ def group(
 def job(jid: str, *groups: TaskGroup, priority: int = 50) -> Job:
     """A job of ``groups`` (one default group when none is given)."""
     return Job(id=jid, name=jid, priority=priority, groups=groups or (group(),))
+
+
+def job_with_env(name: str, env: dict[str, str], cpu: int = 500) -> Job:
+    """A job (no id: the client gives one) of one group ``main`` whose task ``app``
+    runs with ``env``: what a test looks for in history, logs or the store."""
+    return Job.model_validate(
+        {
+            "name": name,
+            "groups": [
+                {
+                    "name": "main",
+                    "tasks": [
+                        {
+                            "name": "app",
+                            "command": ["run"],
+                            "env": env,
+                            "resources": {"cpu": cpu, "memory": 256},
+                        }
+                    ],
+                }
+            ],
+        }
+    )

@@ -114,6 +114,19 @@ def btuple(b: Binding) -> tuple[Any, ...]:
     return (b.job, b.group, b.ordinal, b.node, b.gpu_ids, b.cpu, b.memory, b.status)
 
 
+def carried_pass(sim: Sim, carry: Carry | None) -> Plan:
+    """One pass of ``sim`` with ``carry`` (None: one built as a new run loads it,
+    each binding absorbed), its plan made the simulation's state."""
+    if carry is None:
+        carry = Carry.start(sim.jobs, sim.nodes)
+        for wid, b in sim.bindings.items():
+            carry.absorb(wid, b)
+    plan = reconcile(**sim.inputs(), carry=carry)
+    sim.bindings, sim.pending, sim.failures = plan.bindings, plan.pending, plan.failures
+    sim.failed, sim.capacity_changed = set(), False
+    return plan
+
+
 def plan_key(plan: Plan) -> tuple[Any, ...]:
     return (
         sorted((w, btuple(b)) for w, b in plan.bindings.items()),

@@ -12,21 +12,10 @@ from hypothesis import strategies as st
 
 from forge.core.models import NodeState
 from forge.core.placing import Placing
-from forge.core.reconcile import Carry, Plan, ReconcileOptions, reconcile
+from forge.core.reconcile import Carry, ReconcileOptions, reconcile
 from tests import strategies as fs
 from tests.builders import group, job, node
-from tests.core.sim import Sim, plan_key
-
-
-def _pass(sim: Sim, carry: Carry | None) -> Plan:
-    if carry is None:
-        carry = Carry.start(sim.jobs, sim.nodes)
-        for wid, b in sim.bindings.items():
-            carry.absorb(wid, b)
-    plan = reconcile(**sim.inputs(), carry=carry)
-    sim.bindings, sim.pending, sim.failures = plan.bindings, plan.pending, plan.failures
-    sim.failed, sim.capacity_changed = set(), False
-    return plan
+from tests.core.sim import Sim, carried_pass, plan_key
 
 
 @settings(max_examples=100, deadline=None)
@@ -44,7 +33,7 @@ def test_a_pass_that_takes_parked_groups_plans_what_walking_them_plans(
     walking = Sim(nodes=dict(world.nodes), jobs=dict(world.jobs), options=options)
     carries: list[Carry | None] = [None, None]
     for step in range(len(events) + 4):
-        a, b = _pass(parking, carries[0]), _pass(walking, carries[1])
+        a, b = carried_pass(parking, carries[0]), carried_pass(walking, carries[1])
         assert plan_key(a) == plan_key(b), f"pass {step} planned differently"
         assert a.work == b.work, f"pass {step} counted other work"
         assert a.carry is not None and b.carry is not None
@@ -87,20 +76,20 @@ def test_a_waiting_group_is_walked_once_then_taken_whole_until_its_delay_ends(
 ) -> None:
     taken = _count_parked(monkeypatch)
     sim = _gpu_backlog()
-    first = _pass(sim, None)
+    first = carried_pass(sim, None)
     assert len(first.placed) == 2 + 4  # a's two GPU replicas, c's four
     assert sum(1 for w in first.pending if w.startswith("b/")) == 6
     sim.now += 0.1  # inside every backoff: b's replicas wait, walked once more
-    second = _pass(sim, first.carry)
+    second = carried_pass(sim, first.carry)
     assert True not in taken
     sim.now += 0.1
-    third = _pass(sim, second.carry)
+    third = carried_pass(sim, second.carry)
     assert taken[-1] is True, "the waiting group was walked again"
     assert third.pending == second.pending  # the same entries, taken whole
     assert [w for w in third.pending] == [w for w in second.pending]  # in the same order
     taken.clear()
     sim.now = min(e.not_before for e in third.pending.values())  # the first delay ends
-    fourth = _pass(sim, third.carry)
+    fourth = carried_pass(sim, third.carry)
     assert taken == [False], "a group whose delay ended was taken whole"
     assert fourth.pending != third.pending
 
@@ -110,9 +99,9 @@ def test_freed_capacity_or_a_changed_job_unparks_a_group(
 ) -> None:
     taken = _count_parked(monkeypatch)
     sim = _gpu_backlog()
-    carry = _pass(sim, None).carry
+    carry = carried_pass(sim, None).carry
     sim.now += 0.1
-    carry = _pass(sim, carry).carry  # b parked
+    carry = carried_pass(sim, carry).carry  # b parked
     taken.clear()
     sim.now += 0.1
     sim.capacity_changed = True  # e.g. a node joined: backed-off replicas retry now
@@ -124,13 +113,13 @@ def test_freed_capacity_or_a_changed_job_unparks_a_group(
     sim.bindings, sim.pending, sim.failures = plan.bindings, plan.pending, plan.failures
     sim.capacity_changed = False
     sim.now += 0.1
-    carry = _pass(sim, plan.carry).carry  # b's five left parked again
+    carry = carried_pass(sim, plan.carry).carry  # b's five left parked again
     sim.now += 0.1
-    carry = _pass(sim, carry).carry
+    carry = carried_pass(sim, carry).carry
     assert taken[-1] is True
     sim.jobs["b"] = job("b", group(desired=3, gpu=1), priority=90)
     sim.now += 0.1
-    _pass(sim, carry)
+    carried_pass(sim, carry)
     assert taken[-1] is False, "a changed job's group was taken whole"
 
 
@@ -142,15 +131,15 @@ def test_a_replica_of_a_parked_group_released_by_a_node_loss_is_tried(
     taken = _count_parked(monkeypatch)
     nodes = {f"h{i}": node(f"h{i}", 8000, 16384, gpus=1) for i in range(2)}
     sim = Sim(nodes=nodes, jobs={"b": job("b", group(desired=4, gpu=1))})
-    carry = _pass(sim, None).carry  # two bound, two refused
+    carry = carried_pass(sim, None).carry  # two bound, two refused
     for _ in range(2):
         sim.now += 0.1
-        carry = _pass(sim, carry).carry  # walked (parks), then taken whole
+        carry = carried_pass(sim, carry).carry  # walked (parks), then taken whole
     assert taken[-1] is True
     lost = next(w for w, b in sim.bindings.items() if b.node == "h0")
     sim.nodes["h0"] = node("h0", 8000, 16384, gpus=1, state=NodeState.LOST)
     sim.now += 0.1
-    plan = _pass(sim, carry)
+    plan = carried_pass(sim, carry)
     assert taken[-1] is False, "a group with a replica just released was taken whole"
     assert lost not in plan.bindings and lost in plan.pending
 
@@ -163,19 +152,19 @@ def test_a_replica_released_beside_replicas_waiting_a_reschedule_delay_is_placed
     taken = _count_parked(monkeypatch)
     nodes = {f"n{i}": node(f"n{i}", 8000, 16384) for i in range(2)}
     sim = Sim(nodes=nodes, jobs={"b": job("b", group(desired=3, cpu=1000))})
-    carry = _pass(sim, None).carry  # all three bound
+    carry = carried_pass(sim, None).carry  # all three bound
     kept, *failed = sorted(sim.bindings)
     sim.failed = set(failed)  # two fail: released, each waits its reschedule delay
     sim.now += 0.1
-    carry = _pass(sim, carry).carry
+    carry = carried_pass(sim, carry).carry
     assert {sim.pending[w].kind for w in failed} == {"reschedule"}
     sim.now += 0.1
-    carry = _pass(sim, carry).carry
+    carry = carried_pass(sim, carry).carry
     assert taken[-1] is True  # the two waiting replicas, taken whole
     on = sim.bindings[kept].node
     sim.nodes[on] = node(on, 8000, 16384, state=NodeState.LOST)
     sim.now += 0.1
-    plan = _pass(sim, carry)
+    plan = carried_pass(sim, carry)
     assert taken[-1] is False, "a group with a replica just released was taken whole"
     assert kept in plan.bindings and plan.bindings[kept].node != on
     assert all(plan.pending[w].kind == "reschedule" for w in failed)

@@ -7,20 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.core.reconcile import Carry, Plan, ReconcileOptions, reconcile
+from forge.core.reconcile import Carry, ReconcileOptions
 from tests import strategies as fs
-from tests.core.sim import Sim, plan_key
-
-
-def _pass(sim: Sim, carry: Carry | None) -> Plan:
-    if carry is None:
-        carry = Carry.start(sim.jobs, sim.nodes)
-        for wid, b in sim.bindings.items():
-            carry.absorb(wid, b)
-    plan = reconcile(**sim.inputs(), carry=carry)
-    sim.bindings, sim.pending, sim.failures = plan.bindings, plan.pending, plan.failures
-    sim.failed, sim.capacity_changed = set(), False
-    return plan
+from tests.core.sim import Sim, carried_pass, plan_key
 
 
 @settings(max_examples=80, deadline=None)
@@ -39,7 +28,7 @@ def test_a_carried_order_plans_what_sorting_every_pass_plans(
     carries: list[Carry | None] = [None, None]
     carried_orders = 0
     for step in range(len(events) + 4):
-        a, b = _pass(merged, carries[0]), _pass(sorted_, carries[1])
+        a, b = carried_pass(merged, carries[0]), carried_pass(sorted_, carries[1])
         assert plan_key(a) == plan_key(b), f"pass {step} planned differently"
         assert a.carry is not None and b.carry is not None
         carried_orders += a.carry.queue is not None and a.carry.queue.order is not None

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.core.models import Job
-from forge.core.reconcile import Carry, ReconcileOptions, reconcile
+from forge.core.reconcile import Carry, ReconcileOptions
 from forge.core.sharing import SharedGroups
 from tests import strategies as fs
-from tests.core.sim import Sim, plan_key
+from tests.core.sim import Sim, carried_pass, plan_key
 from tests.strategies import jobs
 
 
@@ -99,14 +99,7 @@ def test_shared_jobs_plan_exactly_what_separate_copies_plan(
     for step in range(len(events) + 1):
         plans = []
         for sim in (apart, shared):
-            carry = carries[id(sim)]
-            if carry is None:
-                carry = Carry.start(sim.jobs, sim.nodes)
-                for wid, b in sim.bindings.items():
-                    carry.absorb(wid, b)
-            plan = reconcile(**sim.inputs(), carry=carry)
-            sim.bindings, sim.pending, sim.failures = plan.bindings, plan.pending, plan.failures
-            sim.failed, sim.capacity_changed = set(), False
+            plan = carried_pass(sim, carries[id(sim)])
             carries[id(sim)] = plan.carry
             plans.append(plan_key(plan))
         assert plans[0] == plans[1], f"pass {step} planned differently"

@@ -54,6 +54,7 @@ from forge.stores.postgres import PostgresStore, parse_postgres_url
 from forge.wire import contract as c
 from forge.wire.codec import ZlibCodec, data_converter
 from forge.wire.encryption import ENCRYPTED, KEY_ID, CodecKeyError, format_key, new_key
+from tests.builders import job_with_env
 from tests.e2e.procs import WorkerProc, eventually
 from tests.workflow.harness import cluster, default_options, node
 from workflows.cluster import ClusterWorkflow
@@ -228,24 +229,7 @@ async def skipping_env(test_server_bin: str) -> AsyncIterator[WorkflowEnvironmen
 
 
 def secret_job(name: str, cpu: int) -> Job:
-    return Job.model_validate(
-        {
-            "name": name,
-            "groups": [
-                {
-                    "name": "main",
-                    "tasks": [
-                        {
-                            "name": "app",
-                            "command": ["run"],
-                            "env": {"DB_PASSWORD": SECRET, "PLAIN_LOOKING": SECRET},
-                            "resources": {"cpu": cpu, "memory": 256},
-                        }
-                    ],
-                }
-            ],
-        }
-    )
+    return job_with_env(name, {"DB_PASSWORD": SECRET, "PLAIN_LOOKING": SECRET}, cpu)
 
 
 async def forge_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

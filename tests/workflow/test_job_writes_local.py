@@ -18,30 +18,14 @@ from temporalio.testing import WorkflowEnvironment
 from forge.core.models import Job
 from forge.stores import MemoryStore, StoreError
 from forge.wire.codec import ZlibCodec
+from tests.builders import job_with_env
 from tests.e2e.procs import eventually
 from tests.system.test_security import _collect
 from tests.workflow.harness import cluster, eventually_status, node
 
 
 def _job(name: str, marker: str) -> Job:
-    return Job.model_validate(
-        {
-            "name": name,
-            "groups": [
-                {
-                    "name": "main",
-                    "tasks": [
-                        {
-                            "name": "app",
-                            "command": ["run"],
-                            "env": {"MARK": marker},
-                            "resources": {"cpu": 500, "memory": 256},
-                        }
-                    ],
-                }
-            ],
-        }
-    )
+    return job_with_env(name, {"MARK": marker})
 
 
 async def _carrying(events: list[HistoryEvent], marker: str) -> list[str]:

@@ -859,10 +859,14 @@ async def test_many_large_jobs_are_batched_by_size_and_the_workflow_stays_health
     store write may carry. The client sends them in batches of at most
     MAX_BATCH_BYTES (two concurrent updates), and the workflow queues at most that
     much for one store write (the second update waits for the first write): every
-    job is stored, and no workflow task fails."""
+    job is stored, and no workflow task fails. The writes are local activities
+    (their input is not in history): each one's job count is read from the store
+    revision its recorded result gives."""
     fc, store = live
     jobs = [sized_job(f"large{i:02d}", 100 * 1024, seed=i) for i in range(16)]
     assert sum(len(j.model_dump_json()) for j in jobs) > 1.5 * MAX_BATCH_BYTES
+    largest = max(len(j.model_dump_json()) for j in jobs)
+    revision = store.revision(fc.cluster)
     results = await fc.submit_jobs(jobs)
     assert [r.job_id for r in results] == [j.id for j in jobs]
     status = await _settled(fc, lambda s: s.summary.bound == 17)
@@ -875,17 +879,24 @@ async def test_many_large_jobs_are_batched_by_size_and_the_workflow_stays_health
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in types
     codec = data_converter().payload_codec
     assert codec is not None
-    writes = []
+    counts = []  # jobs per write, from the revisions the local writes returned
     for e in history.events:
         attrs = e.activity_task_scheduled_event_attributes
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and (
-            attrs.activity_type.name == "forge.write_jobs"
-        ):
-            (payload,) = await codec.decode(list(attrs.input.payloads))
-            writes.append(len(payload.data))
-    big = [w for w in writes if w > 100 * 1024]
-    assert len(big) >= 2, writes  # the 1.6 MB went to the store in more than one write
-    assert max(writes) <= MAX_BATCH_BYTES + 64 * 1024, writes
+        assert attrs.activity_type.name != "forge.write_jobs", "a write was not local"
+        marker = e.marker_recorded_event_attributes
+        if marker.marker_name != "core_local_activity" or "result" not in marker.details:
+            continue
+        (info,) = await codec.decode(list(marker.details["data"].payloads))
+        if json.loads(info.data)["activity_type"] != "forge.write_jobs":
+            continue
+        (result,) = await codec.decode(list(marker.details["result"].payloads))
+        now = json.loads(result.data)["revision"]
+        if now > revision:
+            counts.append(now - revision)
+            revision = now
+    assert sum(counts) == len(jobs), counts
+    assert len(counts) >= 2, counts  # the 1.6 MB went to the store in more than one write
+    assert max(counts) * largest <= MAX_BATCH_BYTES + 64 * 1024, counts
 
 
 # ------------------------------------------------------------------------ signals

@@ -169,6 +169,8 @@ def heartbeating(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if activity.in_activity() and activity.info().is_local:
+            return fn(*args, **kwargs)  # a local activity has no heartbeat to send
         ctx = contextvars.copy_context()  # the activity context lives in a contextvar
         stop = threading.Event()
 
@@ -176,8 +178,6 @@ def heartbeating(fn: Callable[P, R]) -> Callable[P, R]:
             while not stop.wait(HEARTBEAT_EVERY):
                 ctx.run(activity.heartbeat)
 
-        if activity.in_activity() and activity.info().is_local:
-            return fn(*args, **kwargs)  # a local activity has no heartbeat to send
         thread = threading.Thread(target=beat, name="forge-heartbeat", daemon=True)
         thread.start()
         try:
@@ -199,7 +199,6 @@ class StoreActivities:
         # activity the workflow then runs with the same specs must not commit before
         # it, nor a later write of the same jobs (an older spec would win).
         self._writing: dict[str, threading.Lock] = {}
-        self._writing_guard = threading.Lock()
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -253,8 +252,7 @@ class StoreActivities:
     @activity.defn(name=ACT_WRITE_JOBS)
     @heartbeating
     def write_jobs(self, req: WriteJobsIn) -> WriteJobsOut:
-        with self._writing_guard:
-            lock = self._writing.setdefault(req.cluster, threading.Lock())
+        lock = self._writing.setdefault(req.cluster, threading.Lock())  # (atomic)
         # The SDK cancels a timed-out local activity by raising in its thread: one
         # raised inside the store's transaction (after BEGIN, before its handler)
         # left the thread's SQLite connection holding the write lock for good. The

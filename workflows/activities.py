@@ -104,10 +104,16 @@ class LoopActivityFailed(RuntimeError):
         self.cause_message = message
 
 
+def _cause(err: BaseException) -> BaseException:
+    """What an activity failed with: an ``ActivityError``'s cause (a local activity's
+    failure reaches the workflow unwrapped: the error itself, or the timeout)."""
+    return err.cause if isinstance(err, ActivityError) and err.cause is not None else err
+
+
 def cause_of(err: BaseException) -> tuple[str, str]:
     """The type name and message of what made an activity fail (``ApplicationError``:
     its type, which for an exception the activity let escape is its class name)."""
-    cause = err.cause if isinstance(err, ActivityError) and err.cause is not None else err
+    cause = _cause(err)
     kind = getattr(cause, "type", None) or type(cause).__name__
     message = cause.message if isinstance(cause, FailureError) else str(cause)
     return str(kind), message
@@ -217,9 +223,7 @@ async def write_jobs_local(inp: ac.WriteJobsIn) -> ac.WriteJobsOut:
         )
         return out
     except (ActivityError, ApplicationError, ActivityTimeout) as err:
-        # (a local activity's failure reaches the workflow unwrapped: the error the
-        # activity raised, or the timeout)
-        cause = err.cause if isinstance(err, ActivityError) else err
+        cause = _cause(err)
         if isinstance(cause, CancelledError):
             raise  # the workflow is being cancelled
         if isinstance(cause, ActivityTimeout):

@@ -27,6 +27,7 @@ from forge.wire import errors
 from forge.wire.activity_contract import (
     ACT_FENCE,
     ACT_GROUP_SPEC,
+    ACT_INTAKE,
     ACT_JOB_CHANGES,
     ACT_METRICS,
     ACT_PERSIST,
@@ -40,6 +41,7 @@ from forge.wire.activity_contract import (
     ClusterRef,
     GroupSpecIn,
     GroupSpecOut,
+    Intake,
     JobChangesIn,
     JobRow,
     JobsPage,
@@ -212,7 +214,15 @@ class StoreActivities:
             self.read_reports,
             self.metrics,
             self.group_spec,
+            self.intake,
         ]
+
+    @activity.defn(name=ACT_INTAKE)
+    async def intake(self, seen: Intake) -> Intake:
+        """Hands back what the loop saw when it woke: run as a local activity, its
+        result is recorded in history, and a replay takes it from there. Async: it
+        never waits behind the store activities in the thread pool."""
+        return seen
 
     @activity.defn(name=ACT_FENCE)
     @heartbeating

@@ -53,6 +53,7 @@ __all__ = [
     "cause_of",
     "fence",
     "group_spec",
+    "intake",
     "job_changes",
     "metrics",
     "persist",
@@ -234,6 +235,23 @@ async def write_jobs_local(inp: ac.WriteJobsIn) -> ac.WriteJobsOut:
         # ordinary activity does what it always did: retries, waits, or fails the task
         workflow.logger.warning("local job write failed (%s: %s); writing again", kind, message)
     return await write_jobs(inp)
+
+
+#: The intake echoes its input in the worker; a retry only if the worker is swamped.
+INTAKE_TIMEOUT = timedelta(seconds=10)
+
+
+async def intake(seen: ac.Intake) -> ac.Intake:
+    """Record what the loop saw when it woke (``workflows.mail``): live, the result is
+    ``seen``; replayed, it is what the live run saw, from the local activity's marker."""
+    out: ac.Intake = await workflow.execute_local_activity(
+        ac.ACT_INTAKE,
+        seen,
+        result_type=ac.Intake,
+        start_to_close_timeout=INTAKE_TIMEOUT,
+        summary=f"intake: {seen.mail} items",
+    )
+    return out
 
 
 async def persist(inp: ac.PersistIn, *, summary: str) -> ApplyResult:

@@ -29,6 +29,7 @@ from temporalio import workflow
 
 from workflows import activities as acts
 from workflows import loading, patches
+from workflows.mail import JobWrite
 from workflows.presentation import Presentation, status_json
 from workflows.state import binding_row, worker_clock
 from workflows.watch import StoreWatch
@@ -36,7 +37,7 @@ from workflows.watch import StoreWatch
 with workflow.unsafe.imports_passed_through():
     from forge import clocks
     from forge.core.budget import next_budget
-    from forge.core.models import Node
+    from forge.core.models import MAX_BATCH_BYTES, Node
     from forge.core.reconcile import (
         MAX_WORK,
         PENDING_UNITS,
@@ -69,6 +70,7 @@ class ClusterWorkflow(Presentation):
     @workflow.init
     def __init__(self, inp: c.ClusterInput) -> None:
         super().__init__(inp)
+        self.intake = workflow.patched(patches.PASS_INTAKE)  # before any handler runs
         self.watch = StoreWatch()
         self.published = ""  # the last status published (without per-pass fields)
         self.adaptive = False  # the adaptive-budget patch, decided by each pass
@@ -76,26 +78,23 @@ class ClusterWorkflow(Presentation):
         self.local_writes = False  # the job-writes-local patch, likewise
         self.plan_started = 0.0  # perf_counter at the pass's planning (a measurement)
         self.budget_used = MAX_WORK  # the budget the last plan was given
+        self.pass_now = 0.0  # the clock the pass running plans with
 
     # -- the loop -----------------------------------------------------------------------
     @workflow.run
     async def run(self, inp: c.ClusterInput) -> None:
-        await self._bootstrap()
+        await self._bootstrap(workflow.now().timestamp())
         self.ready = True
-        while True:
+        if self.intake:
+            await self._run_recorded()
+        while True:  # a run recorded before intakes (workflows.patches.PASS_INTAKE)
             if self._continue_as_new_now() and not (self.inbox or self.queue.queued):
                 # Deferred work does not hold it up (the new run plans it from the
                 # store), so a due continue-as-new comes within a pass or two of
                 # becoming due, and updates are refused as busy only that long.
                 await self.watch.cancel()
                 if self._continue_as_new_now() and not (self.inbox or self.queue.queued):
-                    nxt = c.ClusterInput(
-                        cluster=self.st.cluster,
-                        options=self.st.opts,
-                        checkpoint=self.st.checkpoint(),
-                    )
-                    self.st.drop_cluster()
-                    workflow.continue_as_new(nxt)
+                    self._continue_as_new()
             if self.dirty or self.inbox or self.queue.queued or self.watch.done():
                 await self._pass()
                 continue
@@ -119,7 +118,81 @@ class ClusterWorkflow(Presentation):
             except TimeoutError:
                 self.dirty = True
 
-    async def _bootstrap(self) -> None:
+    async def _run_recorded(self) -> None:
+        """The loop of runs with intakes: each turn starts with one (a local activity
+        recording what the loop saw), and every decision after it, to continue as new,
+        to plan, or to sleep until when, is taken from the recorded intake and state
+        earlier passes made, never from what handlers did since."""
+        while True:
+            rec = await self._intake()
+            if rec.due and self._drained():
+                await workflow.wait_condition(
+                    lambda: workflow.all_handlers_finished() or self.mail.pending()
+                )
+                if not self.mail.pending():
+                    await self.watch.cancel()
+                    if not self.mail.pending():
+                        self._continue_as_new()
+            if self.dirty or self.inbox or self.queue.queued or rec.watch or self.mail.pending():
+                await self._pass(rec)
+                continue
+            self._ensure_watch()
+            wake, why = self.st.next_wake(rec.now)
+            if wake <= rec.now:
+                self.dirty = True
+                continue
+            try:
+                await workflow.wait_condition(
+                    lambda: self.mail.pending() or self.watch.done(),
+                    # the recorded clock decided to sleep; the timer's length is not
+                    # compared on replay, so the live clock may size it
+                    timeout=max(wake - workflow.now().timestamp(), 0.001),
+                    timeout_summary=why,
+                )
+            except TimeoutError:
+                self.dirty = True
+
+    async def _intake(self) -> ac.Intake:
+        """Record what the loop sees now, then take the handlers' items it saw."""
+        seen = ac.Intake(
+            now=workflow.now().timestamp(),
+            mail=self.mail.total,
+            watch=self.watch.done(),
+            due=self._continue_as_new_due(),
+        )
+        rec = await acts.intake(seen)
+        # Replayed, a handler may run later than it did live: wait for what was seen.
+        await workflow.wait_condition(
+            lambda: self.mail.total >= rec.mail and (self.watch.done() or not rec.watch)
+        )
+        queue = self.queue
+        if not queue.queued:
+            queue.queued_bytes = 0
+        for item in self.mail.take(rec.mail, MAX_BATCH_BYTES - queue.queued_bytes):
+            if isinstance(item, JobWrite):
+                queue.queued_bytes += item.size
+            self._apply(item)
+        return rec
+
+    def _drained(self) -> bool:
+        """Nothing posted, taken or queued waits for a pass."""
+        return not (
+            self.mail.pending()
+            or self.mail.planned < self.mail.taken
+            or self.inbox
+            or self.queue.queued
+        )
+
+    def _continue_as_new(self) -> None:
+        nxt = c.ClusterInput(
+            cluster=self.st.cluster,
+            options=self.st.opts,
+            checkpoint=self.st.checkpoint(),
+        )
+        self.st.drop_cluster()
+        workflow.continue_as_new(nxt)
+
+    async def _bootstrap(self, now: float) -> None:
         """Load the persisted state: the fence, nodes, jobs, then bindings (paged).
         Jobs come first so that each page of bindings is checked and held as it
         arrives (``Carry.absorb``): no activation of a new run walks every binding."""
@@ -135,7 +208,7 @@ class ClusterWorkflow(Presentation):
         st.state_sum = state_sum % STATE_MOD
         st.carry = carry
         st.bindings = carry.bindings
-        st.last_resync = workflow.now().timestamp()
+        st.last_resync = now
         # A run replays its own bootstrap whatever it does next: replay-seconds bounds
         # the work after it (counting it made a run whose bootstrap alone took the
         # limit continue as new after every pass: at 10k nodes / 300k replicas, 160
@@ -143,13 +216,17 @@ class ClusterWorkflow(Presentation):
         st.unrecorded = 0.0
         self._details()
 
-    async def _pass(self) -> None:
-        """Take what arrived, load, plan, persist, commit."""
+    async def _pass(self, rec: ac.Intake | None = None) -> None:
+        """Take what arrived, load, plan, persist, commit. With an intake, its
+        recorded clock and watch news; else (a run recorded before intakes) the
+        clock and the watch as they are."""
         self.dirty = False
         # asked every pass, as the other patches are (a run's history names them all)
         self.local_writes = workflow.patched(patches.JOB_WRITES_LOCAL)
-        now = workflow.now().timestamp()
-        nodes_upsert, nodes_remove = self._take_news()
+        now = self.pass_now = rec.now if rec is not None else workflow.now().timestamp()
+        nodes_upsert, nodes_remove = self._take_news(
+            rec.watch if rec is not None else self.watch.done()
+        )
         written = await self._load(now)
         # taken before planning: reconcile updates the bindings (the carry's) in place
         status_changed = [w for w in self.st.status_updates if w in self.st.bindings]
@@ -158,15 +235,17 @@ class ClusterWorkflow(Presentation):
             return  # state was reloaded from the store; plan again
         started = worker_clock()
         revert = self._commit(plan, status_changed, written, elapsed, now)
+        self.mail.planned = self.mail.taken  # intakes come between passes only
         self.st.unrecorded += worker_clock() - started  # recorded by the next persist
         if revert:
             await self._revert(revert)
 
-    def _take_news(self) -> tuple[dict[str, Node], dict[str, None]]:
-        """The watch's news and the node operations, in arrival order: at most
-        NODE_BYTES of node JSON per pass (one persist input), the rest next pass."""
+    def _take_news(self, watched: bool) -> tuple[dict[str, Node], dict[str, None]]:
+        """The watch's news (when it had returned) and the node operations, in
+        arrival order: at most NODE_BYTES of node JSON per pass (one persist input),
+        the rest next pass."""
         st = self.st
-        if self.watch.done():
+        if watched:
             news = self.watch.take()
             st.known_revision = max(st.known_revision, news.jobs_revision)
             st.known_reports_seq = max(st.known_reports_seq, news.reports_seq)
@@ -396,7 +475,7 @@ class ClusterWorkflow(Presentation):
                 # Another run persisted a newer pass (a reset, a second starter):
                 # our view is stale. Reload from the store and plan again.
                 workflow.logger.warning("stale fence; reloading state from the store")
-                await self._bootstrap()
+                await self._bootstrap(self.pass_now if self.intake else workflow.now().timestamp())
                 self.dirty = True
                 return False
             raise

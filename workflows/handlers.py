@@ -25,6 +25,7 @@ from workflows.inputs import (
     refuse,
     update_arg,
 )
+from workflows.mail import Budget, Dropped, Failed, Item, JobWrite, Mail, NodeOps, Promote
 from workflows.queue import JobQueue
 from workflows.state import LoopState, worker_clock
 
@@ -61,8 +62,15 @@ class Handlers:
         self.replay_seconds = 0.0
         self.replay_timed = False
         self.updates = 0  # accepted in this run
-        # update id -> the batch and its JSON size, as the validator parsed them
-        self._validated: dict[str, tuple[c.SubmitJobs, int]] = {}
+        # update id -> the batch and its jobs' JSON sizes, as the validator parsed them:
+        # a memo of a pure parse (a replay, which runs no validator, parses again and
+        # gets the same), never state a decision reads
+        self._validated: dict[str, tuple[c.SubmitJobs, list[int]]] = {}
+        # Handlers post to the mail and the loop takes it at recorded intakes
+        # (workflows.mail); runs recorded before it let handlers change the state.
+        # The workflow asks in its first activation, before any handler runs.
+        self.mail = Mail()
+        self.intake = False
 
     def _continue_as_new_due(self) -> bool:
         info, opts = workflow.info(), self.st.opts
@@ -85,8 +93,8 @@ class Handlers:
         name = c.SIGNAL_REGISTER_NODE
         batch = parse_batch(c.RegisterNodes, "nodes", args)
         kept = batch.value.nodes if batch.value is not None else []
-        for node in kept:
-            self.inbox.append(c.RegisterOp(node=node))
+        if kept:
+            self._post(NodeOps(tuple(c.RegisterOp(node=node) for node in kept)))
         if batch.problem:
             self._dropped(name, batch.problem)
         elif batch.rejected:
@@ -100,13 +108,13 @@ class Handlers:
     def remove_node(self, *args: Any) -> None:
         req = self._signal(c.SIGNAL_REMOVE_NODE, c.NodeRef, args)
         if req is not None:
-            self.inbox.append(c.RemoveOp(node_id=req.node_id))
+            self._post(NodeOps((c.RemoveOp(node_id=req.node_id),)))
 
     @workflow.signal(name=c.SIGNAL_NODE_LOST)
     def node_lost(self, *args: Any) -> None:
         req = self._signal(c.SIGNAL_NODE_LOST, c.NodeRef, args)
         if req is not None:
-            self.inbox.append(c.LostOp(node_id=req.node_id))
+            self._post(NodeOps((c.LostOp(node_id=req.node_id),)))
 
     @workflow.signal(name=c.SIGNAL_LOOP_BUDGET)
     def loop_budget(self, *args: Any) -> None:
@@ -114,8 +122,7 @@ class Handlers:
         the run first): kept for this run and those it continues as."""
         req = self._signal(c.SIGNAL_LOOP_BUDGET, c.LoopBudget, args)
         if req is not None:
-            self.st.max_work = req.max_work
-            self.dirty = True
+            self._post(Budget(req.max_work))
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -135,12 +142,67 @@ class Handlers:
         """A signal could not be used: the sender cannot be told (signals are not
         answered), so it is logged, counted and shown (details, status) instead."""
         workflow.logger.warning("dropping %s signal: %s", name, problem[:500])
-        self.st.signals_dropped += 1
-        self.st.last_dropped = f"{name}: {problem}"[:300]
         workflow.metric_meter().create_counter(
             "forge_signals_dropped_total", "signals dropped: unknown name or bad payload"
         ).add(1, {"signal": name[:64]})
-        self.dirty = True  # the next pass publishes it
+        self._post(Dropped(name, problem))  # the next pass publishes it
+
+    # -- the mail: what handlers bring, applied by the loop -------------------------------
+    def _post(self, item: Item) -> int:
+        """Hand ``item`` to the loop: posted for its next intake (returns the item's
+        number), or, in a run recorded before intakes, applied at once (returns 0)."""
+        if self.intake:
+            return self.mail.post(item)
+        self._apply(item)
+        return 0
+
+    def _apply(self, item: Item) -> None:
+        """Make ``item`` part of the loop's state (at an intake, or from the handler in
+        a run recorded before intakes): exactly what the handlers used to do."""
+        st = self.st
+        if isinstance(item, JobWrite):
+            self._queue_job(item.job_id, item.job)
+        elif isinstance(item, NodeOps):
+            self.inbox.extend(item.ops)
+        elif isinstance(item, Failed):
+            st.failed.update(dict.fromkeys(self._accepted(item)))
+            self.dirty = True
+        elif isinstance(item, Promote):
+            st.promoted.update(dict.fromkeys(item.names))
+            self.dirty = True
+        elif isinstance(item, Budget):
+            st.max_work = item.max_work
+            self.dirty = True
+        else:
+            st.signals_dropped += 1
+            st.last_dropped = f"{item.name}: {item.problem}"[:300]
+            self.dirty = True
+
+    def _accepted(self, item: Failed) -> list[str]:
+        """The reported replicas still bound where the sender saw them: keyed by the
+        binding, so a report replayed after a reset cannot restart a replica that
+        has moved since."""
+        on = dict(item.on)
+        out = []
+        for wid in item.workload_ids:
+            b = self.st.bindings.get(wid)
+            if b is not None and on.get(wid, b.node) == b.node:
+                out.append(wid)
+        return out
+
+    def _current(self, job_id: str) -> Job | None:
+        """The job as it will be once everything posted and queued is written."""
+        posted, job = self.mail.current(job_id)
+        if posted:
+            return job
+        return self.queue.current(job_id, self.st.jobs)
+
+    async def _planned(self, seq: int) -> None:
+        """Wait until a pass has planned with mail item ``seq`` (0: the next pass)."""
+        if seq:
+            await workflow.wait_condition(lambda: self.mail.planned >= seq)
+        else:
+            await self._next_pass()
 
     # -- updates ------------------------------------------------------------------------
     @workflow.update(name=c.UPDATE_SUBMIT_JOB)
@@ -149,7 +211,12 @@ class Handlers:
         self.updates += 1
         self.replay_cost += JOB_UNITS
         await workflow.wait_condition(lambda: self.ready)
-        await self.queue.reserve(json_size(req.job))
+        size = json_size(req.job)
+        if self.intake:
+            seq = self.mail.post(JobWrite(req.job.id, req.job, size))
+            await self._backpressure(seq, wait=req.wait)
+            return self._result(req.job.id)
+        await self.queue.reserve(size)
         ticket = self._queue_job(req.job.id, req.job)
         return await self._settle(req.job.id, ticket, wait=req.wait)
 
@@ -163,19 +230,28 @@ class Handlers:
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
     async def submit_jobs(self, raw: RawValue) -> list[c.JobResult]:
+        started = worker_clock()
         info = workflow.current_update_info()
         seen = self._validated.pop(info.id, None) if info is not None else None
         # parsed by the validator (this worker accepted it), else here (a replay)
-        req, size = seen if seen is not None else (update_arg(c.SubmitJobs, raw), None)
+        req, sizes = seen if seen is not None else (update_arg(c.SubmitJobs, raw), None)
         self.updates += 1
         # what replaying this batch costs a worker taking the run over (parsing it,
         # writing it): counted like a pass's work, so a run of submissions ends
         # (continue-as-new) before its replay gets long
         self.replay_cost += JOB_UNITS * len(req.jobs)
-        if size is None:  # not validated by this worker (a replay): the same sum
-            size = sum(json_size(j) for j in req.jobs)
+        if sizes is None:  # not validated by this worker (a replay): the same sizes
+            sizes = [json_size(j) for j in req.jobs]
+        # the handler's own work, recorded by the next persist (a replay does it too)
+        self.st.unrecorded += worker_clock() - started
         await workflow.wait_condition(lambda: self.ready)
-        await self.queue.reserve(size)
+        if self.intake:
+            seqs = [
+                self.mail.post(JobWrite(j.id, j, n)) for j, n in zip(req.jobs, sizes, strict=True)
+            ]
+            await self._backpressure(seqs[-1], wait=req.wait)
+            return [self._result(j.id) for j in req.jobs]
+        await self.queue.reserve(sum(sizes))
         tickets = [self._queue_job(j.id, j) for j in req.jobs]
         if req.wait:
             await workflow.wait_condition(lambda: self.queue.planned >= tickets[-1])
@@ -186,10 +262,9 @@ class Handlers:
     @submit_jobs.validator
     def _validate_submit_jobs(self, raw: RawValue) -> None:
         self._refuse_if_busy()  # first: a refused update costs no parse
-        started = worker_clock()
         req = update_arg(c.SubmitJobs, raw)
-        size = sum(json_size(j) for j in req.jobs)
-        self.st.unrecorded += worker_clock() - started  # replayed too: recorded by a persist
+        sizes = [json_size(j) for j in req.jobs]
+        size = sum(sizes)
         if size > MAX_BATCH_BYTES:
             raise refuse(
                 f"{len(req.jobs)} jobs of {size / 1024:,.0f} KiB as JSON in one update; the "
@@ -201,13 +276,21 @@ class Handlers:
             raise refuse(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
         info = workflow.current_update_info()
         if info is not None:  # accepted: the handler reuses both, no second parse
-            self._validated[info.id] = (req, size)
+            self._validated[info.id] = (req, sizes)
 
     @workflow.update(name=c.UPDATE_SCALE)
     async def scale(self, raw: RawValue) -> c.JobResult:
         req = update_arg(c.ScaleGroup, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
+        if self.intake:
+            job = self._current(req.job_id)
+            if job is None or job.group(req.group) is None:
+                raise not_found(f"no group {req.job_id}/{req.group}")
+            scaled = job.with_desired(req.group, req.count)
+            seq = self.mail.post(JobWrite(req.job_id, scaled, json_size(scaled)))
+            await self._backpressure(seq, wait=True)
+            return self._result(req.job_id)
         current = self.queue.current(req.job_id, self.st.jobs)
         await self.queue.reserve(json_size(current) if current is not None else 0)
         job = self.queue.current(req.job_id, self.st.jobs)  # again: it may have changed
@@ -222,7 +305,7 @@ class Handlers:
         req = update_arg(c.ScaleGroup, raw)
         if not self.ready:
             return  # checked again by the handler once the state is loaded
-        job = self.queue.current(req.job_id, self.st.jobs)
+        job = self._current(req.job_id)
         if job is None:
             raise not_found(f"unknown job {req.job_id!r}")
         if job.group(req.group) is None:
@@ -233,8 +316,12 @@ class Handlers:
         req = update_arg(c.StopJob, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
-        if self.queue.current(req.job_id, self.st.jobs) is None:
+        if self._current(req.job_id) is None:
             raise not_found(f"unknown job {req.job_id!r}")
+        if self.intake:
+            seq = self.mail.post(JobWrite(req.job_id, None, 0))
+            await self._backpressure(seq, wait=True)
+            return self._result(req.job_id)
         ticket = self._queue_job(req.job_id, None)
         return await self._settle(req.job_id, ticket, wait=True)
 
@@ -242,7 +329,7 @@ class Handlers:
     def _validate_stop(self, raw: RawValue) -> None:
         self._refuse_if_busy()  # first: a refused update costs no parse
         req = update_arg(c.StopJob, raw)
-        if self.ready and self.queue.current(req.job_id, self.st.jobs) is None:
+        if self.ready and self._current(req.job_id) is None:
             raise not_found(f"unknown job {req.job_id!r}")
 
     @workflow.update(name=c.UPDATE_DRAIN_NODE)
@@ -251,8 +338,8 @@ class Handlers:
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         moving = sum(1 for b in self.st.bindings.values() if b.node == req.node_id)
-        self.inbox.append(c.DrainOp(node_id=req.node_id))
-        await self._next_pass()
+        seq = self._post(NodeOps((c.DrainOp(node_id=req.node_id),)))
+        await self._planned(seq)
         return moving
 
     @drain_node.validator
@@ -272,16 +359,10 @@ class Handlers:
         req = update_arg(c.ReportFailed, raw)
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
-        accepted = 0
-        for wid in req.workload_ids:
-            b = self.st.bindings.get(wid)
-            # keyed by the binding when the sender says where it failed: a report
-            # replayed after a reset cannot restart a replica that has moved since
-            if b is not None and req.on.get(wid, b.node) == b.node:
-                self.st.failed[wid] = None
-                accepted += 1
-        self.dirty = True
-        await self._next_pass()
+        item = Failed(tuple(req.workload_ids), tuple(sorted(req.on.items())))
+        accepted = len(self._accepted(item))  # as the handler sees it; a pass checks again
+        seq = self._post(item)
+        await self._planned(seq)
         return c.ReportFailedResult(accepted=accepted)
 
     @report_failed.validator
@@ -301,11 +382,11 @@ class Handlers:
         self.updates += 1
         await workflow.wait_condition(lambda: self.ready)
         names = self._promotable(req)  # again: a pass may have ended the rollout since
-        for name in names:
-            self.st.promoted[name] = None
-        self.dirty = True
-        # the pass that planned it takes it out of ``promoted``
-        await workflow.wait_condition(lambda: not any(n in self.st.promoted for n in names))
+        seq = self._post(Promote(tuple(names)))
+        if seq:
+            await self._planned(seq)
+        else:  # the pass that planned it takes it out of ``promoted``
+            await workflow.wait_condition(lambda: not any(n in self.st.promoted for n in names))
         return c.PromoteResult(promoted=names)
 
     @promote.validator
@@ -318,7 +399,7 @@ class Handlers:
     def _promotable(self, req: c.Promote) -> list[str]:
         """The groups (``job/group``) of ``req`` whose rollout waits for a promotion;
         refuses, naming what, when there is none."""
-        job = self.queue.current(req.job_id, self.st.jobs)
+        job = self._current(req.job_id)
         if job is None:
             raise not_found(f"unknown job {req.job_id!r}")
         if req.group is not None and job.group(req.group) is None:
@@ -369,6 +450,19 @@ class Handlers:
         # burst of submissions is not throttled by Temporal's in-flight update limit.
         if wait:
             await workflow.wait_condition(lambda: self.queue.planned >= ticket)
+        return self._result(job_id)
+
+    async def _backpressure(self, seq: int, *, wait: bool) -> None:
+        """After posting job write ``seq``: with ``wait``, wait for the pass that
+        planned it; else, while more job JSON is posted than one store write takes,
+        wait until an intake has taken it (a flood of submissions is held back as
+        the queue's reserve held it back before)."""
+        if wait:
+            await workflow.wait_condition(lambda: self.mail.planned >= seq)
+        elif self.mail.bytes > MAX_BATCH_BYTES:
+            await workflow.wait_condition(lambda: self.mail.taken >= seq)
+
+    def _result(self, job_id: str) -> c.JobResult:
         job = self.st.jobs.get(job_id)
         desired = bound = 0
         if job is not None:

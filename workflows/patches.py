@@ -1,8 +1,8 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Nine are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+Eleven are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
 ``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``, ``BUDGET_TO_TARGET``,
-``HELD_BACK_DEFERRED``).
+``HELD_BACK_DEFERRED``, ``JOB_WRITES_LOCAL``, ``PASS_INTAKE``).
 The round before folded every earlier patch (work budgets, the published status,
 rolling updates and health checks, placement version 2, dropped-signal notices)
 into one baseline, since no user runs
@@ -23,6 +23,7 @@ __all__ = [
     "GANGS",
     "HELD_BACK_DEFERRED",
     "JOB_WRITES_LOCAL",
+    "PASS_INTAKE",
     "PREEMPTION",
     "REPLAY_SECONDS",
     "SPREAD_SCALE_DOWN",
@@ -85,3 +86,13 @@ HELD_BACK_DEFERRED = "held-back-deferred"
 #: local write fails or times out, the same write goes through the ordinary activity
 #: (recorded, as before). Runs recorded before it use the ordinary activity.
 JOB_WRITES_LOCAL = "job-writes-local"
+
+#: Handlers post what they bring (job writes, node operations, failure reports,
+#: promotions, budgets, dropped signals) to ``workflows.mail`` instead of changing the
+#: loop's state, and the loop takes them at an *intake*, a local activity recording
+#: how many it saw, the clock, the watch and whether continue-as-new was due: each
+#: pass plans from what history recorded, whatever activation Core runs a handler
+#: in on a cold worker (issue 35: a takeover with a query and a scale replayed to a
+#: different plan). Decided once per run, in its first activation (handlers read it).
+#: Runs recorded before it let handlers change the state directly.
+PASS_INTAKE = "pass-intake-recorded"

@@ -19,6 +19,7 @@ from forge.stores.base import AssignmentRow, Delta
 __all__ = [
     "ACT_FENCE",
     "ACT_GROUP_SPEC",
+    "ACT_INTAKE",
     "ACT_JOB_CHANGES",
     "ACT_METRICS",
     "ACT_PERSIST",
@@ -32,6 +33,7 @@ __all__ = [
     "ClusterRef",
     "GroupSpecIn",
     "GroupSpecOut",
+    "Intake",
     "JobChangesIn",
     "JobRow",
     "JobsPage",
@@ -62,6 +64,7 @@ ACT_WATCH = "forge.watch"
 ACT_READ_REPORTS = "forge.read_reports"
 ACT_METRICS = "forge.metrics"
 ACT_GROUP_SPEC = "forge.group_spec"
+ACT_INTAKE = "forge.intake"
 
 #: (job, group, ordinal, node, gpu_ids, cpu, memory, status[, gpu_milli]): the share
 #: of a shared GPU only when there is one, so rows (and digests) of whole-device
@@ -150,6 +153,17 @@ class WriteJobsIn(_Msg):
     cluster: str
     put: list[Job] = Field(default_factory=list)
     delete: list[str] = Field(default_factory=list)
+
+
+class Intake(_Msg):
+    """What the loop saw when it woke (``workflows.mail``): recorded by a local
+    activity that hands it back, so a replay takes the same handler items, the same
+    watch news and the same clock, whatever activation its handlers ran in."""
+
+    now: float = Field(description="workflow time the loop woke at (epoch seconds)")
+    mail: int = Field(ge=0, description="handler items posted so far")
+    watch: bool = Field(description="the store watch had returned")
+    due: bool = Field(description="continue-as-new was due and no handler was running")
 
 
 class WriteJobsOut(_Msg):

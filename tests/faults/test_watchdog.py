@@ -33,6 +33,7 @@ from forge.client import watchdog
 from forge.client.client import ForgeClient
 from forge.core.reconcile import MAX_WORK
 from forge.stores import MemoryStore, Store
+from forge.wire import activity_contract as ac
 from forge.wire import contract as c
 from forge.wire.published import StatusView
 from tests.e2e.procs import assert_store_is_the_workflows, eventually
@@ -54,10 +55,10 @@ class TimerOnlyWhenLive(ClusterWorkflow):
     async def run(self, inp: c.ClusterInput) -> None:
         await super().run(inp)
 
-    async def _pass(self) -> None:
+    async def _pass(self, rec: ac.Intake | None = None) -> None:
         if self.st.passes == 1 and not workflow.unsafe.is_replaying():
             await workflow.sleep(0.01)
-        await super()._pass()
+        await super()._pass(rec)
 
 
 @asynccontextmanager

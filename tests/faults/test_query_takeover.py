@@ -1,0 +1,104 @@
+"""The takeover that broke Forge's first promise (issue 35), made deterministic.
+
+Worker A holds the cluster workflow in its cache and is killed with ``kill -9`` while
+the loop sleeps on a backoff timer. At once the run is queried, as opening it in the
+Web UI does (``__temporal_workflow_metadata``) and as an operator's ``temporal
+workflow query --type status`` does, while no workflow task is pending: the server
+hands the query to worker B, which never saw the run, as a legacy query task, and
+Core runs the trailing events (the timer firing) through the workflow code as a live
+activation with the previous task's clock (../shared/research/temporal-query-takeover/).
+Then a user's ``forge job scale`` arrives, in a second activation of the next task.
+
+Before intakes (workflows.patches.PASS_INTAKE) a replay ran both as one activation,
+planned a pass with the scale the live run had planned without, and failed: the
+persist digest disagreed, the watchdog reset the run, and the scale was lost. Now
+each pass takes what its recorded intake saw, so: the scale lands in the store, no
+workflow task fails on the worker that replays the run next (C, after B is killed
+too), nothing is reset, and every run's history replays offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from forge.client.client import ForgeClient
+from forge.stores import SqliteStore
+from forge.wire import contract as c
+from tests.e2e.procs import WorkerProc
+from tests.faults.checks import every_run, retrying, settle
+from tests.workflow.harness import job, node
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 3
+#: The loop reloads the jobs this often: a timer the loop sleeps on, firing soon.
+RESYNC = 1.0
+
+
+async def _running(w: WorkerProc, timeout: float = 30.0) -> WorkerProc:
+    """Wait until the worker process logged that it polls (its log, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while '"worker running"' not in await asyncio.to_thread(w.log_path.read_text, "utf-8"):
+        assert w.proc.poll() is None, f"worker exited:\n{w.output()}"
+        assert time.monotonic() < deadline, f"worker not running:\n{w.output()}"
+        await asyncio.sleep(0.05)
+    return w
+
+
+async def test_a_scale_sent_around_a_queried_takeover_lands_and_replays(
+    dev_env: WorkflowEnvironment, spawn_worker: Any, tmp_path: Path
+) -> None:
+    db = tmp_path / "forge.db"
+    store = SqliteStore(db)
+    fc = ForgeClient(
+        dev_env.client,
+        cluster="takeover",
+        task_queue=spawn_worker.task_queue,
+        options=c.ClusterOptions(resync_seconds=RESYNC),
+        search_attributes=False,
+        store=store,
+    )
+    url = f"sqlite:///{db}"
+    current = await _running(spawn_worker(url))
+    await fc.start()
+    await fc.register_nodes([node("n1", cpu=8000, memory=16384)])
+    web = job("web", replicas=1, cpu=500, memory=256)
+    await fc.submit_job(web, wait=True)
+    handle = dev_env.client.get_workflow_handle(fc.workflow_id)
+    jobs = {"web": web}
+    for round_ in range(1, ROUNDS + 1):
+        nxt = await _running(spawn_worker(url))
+        current.kill9()  # the loop sleeps on its resync timer
+        reads = [
+            asyncio.create_task(handle.query("__temporal_workflow_metadata")),
+            asyncio.create_task(handle.query(c.QUERY_STATUS)),
+        ]
+        await asyncio.sleep(RESYNC + 1.0)  # the timer fires meanwhile
+        jobs["web"] = jobs["web"].with_desired("main", round_ + 1)
+        want = round_ + 1
+        result = await retrying(functools.partial(fc.scale, "web", "main", want), timeout=60)
+        assert result.desired == want
+        for read in reads:  # answered (by the worker that took over)
+            await asyncio.wait_for(read, 60)
+        await settle(fc, store, jobs, timeout=60)
+        stored = {j.id: j.groups[0].scaling.desired for j in store.list_jobs(fc.cluster)}
+        assert stored["web"] == round_ + 1, f"round {round_}: the scale was lost: {stored}"
+        current = nxt
+    # one more takeover: a cold worker replays everything the rounds recorded
+    last = await _running(spawn_worker(url))
+    current.kill9()
+    await retrying(lambda: fc.scale("web", "main", 1), timeout=60)
+    jobs["web"] = jobs["web"].with_desired("main", 1)
+    await settle(fc, store, jobs, timeout=60)
+    last.stop()
+    runs = await every_run(dev_env.client, fc.workflow_id, tmp_path / "histories")
+    assert [r.failures for r in runs] == [[] for _ in runs], runs
+    assert [r.replays_offline for r in runs] == [None for _ in runs], runs
+    assert len(runs) == 1, "a reset or continue-as-new: the watchdog must not have acted"

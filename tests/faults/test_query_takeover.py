@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gzip
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from forge.client.client import ForgeClient
 from forge.stores import SqliteStore
 from forge.wire import contract as c
+from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc
 from tests.faults.checks import every_run, retrying, settle
 from tests.workflow.harness import job, node
+from workflows import patches
+from workflows.cluster import ClusterWorkflow
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +108,32 @@ async def test_a_scale_sent_around_a_queried_takeover_lands_and_replays(
     assert [r.failures for r in runs] == [[] for _ in runs], runs
     assert [r.replays_offline for r in runs] == [None for _ in runs], runs
     assert len(runs) == 1, "a reset or continue-as-new: the watchdog must not have acted"
+
+
+#: The held-out run of issue 35 (1,000 nodes / 10,000 jobs, three kill -9 takeovers
+#: with status queries and a scale after each), recorded before intakes.
+HELD_OUT = Path(__file__).parent / "histories" / "takeover-divergence-1k.json.gz"
+
+
+async def test_the_held_out_history_is_the_defect_this_file_reproduces() -> None:
+    """Its replay fails exactly as its second takeover's worker did: at the persist
+    of the pass after the first takeover's scale (pass 10, events 185-204: the timer
+    fired, the task timed out, the next task brought the update). Its live run split
+    that task in two activations (a query's trailing events, then the update), which
+    history does not record, so no code can replay it to the same plan: what fixes it
+    is recording each pass's intake, which the test above shows on the same shape."""
+    history = WorkflowHistory.from_json(
+        "forge-cluster-default", gzip.decompress(HELD_OUT.read_bytes()).decode()
+    )
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+    assert "pass 10: store applied digest 8f395a47c4607da1232d4624d66a5a6a" in str(
+        result.replay_failure
+    )
+    markers = {
+        ev.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
+        for ev in history.events
+        if ev.marker_recorded_event_attributes.marker_name == "core_patch"
+    }
+    assert not any(patches.PASS_INTAKE.encode() in m for m in markers), "recorded before it"

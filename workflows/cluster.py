@@ -308,6 +308,8 @@ class ClusterWorkflow(Presentation):
             update["spread_down"] = False  # recorded before scale-down kept spread
         if not workflow.patched(patches.HELD_BACK_DEFERRED):
             update["held_back_deferred"] = False  # left held-back replicas a backoff
+        if not workflow.patched(patches.SUPERSEDED_WAVE_SETTLES):
+            update["settle_superseded"] = False  # a new spec took over a settling wave
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)

@@ -1,8 +1,9 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Eleven are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+Twelve are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
 ``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``, ``BUDGET_TO_TARGET``,
-``HELD_BACK_DEFERRED``, ``JOB_WRITES_LOCAL``, ``PASS_INTAKE``).
+``HELD_BACK_DEFERRED``, ``JOB_WRITES_LOCAL``, ``PASS_INTAKE``,
+``SUPERSEDED_WAVE_SETTLES``).
 The round before folded every earlier patch (work budgets, the published status,
 rolling updates and health checks, placement version 2, dropped-signal notices)
 into one baseline, since no user runs
@@ -27,6 +28,7 @@ __all__ = [
     "PREEMPTION",
     "REPLAY_SECONDS",
     "SPREAD_SCALE_DOWN",
+    "SUPERSEDED_WAVE_SETTLES",
     "TOPOLOGY",
 ]
 
@@ -96,3 +98,11 @@ JOB_WRITES_LOCAL = "job-writes-local"
 #: different plan). Decided once per run, in its first activation (handlers read it).
 #: Runs recorded before it let handlers change the state directly.
 PASS_INTAKE = "pass-intake-recorded"
+
+#: A group's spec that changes again while its rollout's last wave settles (every
+#: replica on the rollout's version, none failed, the newest not yet healthy for
+#: min_healthy_time) waits for that wave (forge.core.rolling): the rollout then
+#: completed, and its version is what the new one reverts to (auto_revert after
+#: v1 -> v2 -> a crashing v3 goes back to v2, the last stable version). Runs
+#: recorded before it let the new spec take over at once and revert to v1.
+SUPERSEDED_WAVE_SETTLES = "superseded-wave-settles"

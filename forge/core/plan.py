@@ -58,6 +58,7 @@ class ReconcileOptions(Evolving):
         "gangs",
         "spread_down",
         "held_back_deferred",
+        "settle_superseded",
     )
 
     algorithm: Algorithm = "binpack"
@@ -157,6 +158,13 @@ class ReconcileOptions(Evolving):
         "limit then kept from their retry are deferred to the next pass (tried at once) "
         "instead of keeping a backoff while a node could take them; the workflow turns "
         "it on under a patch",
+    )
+    settle_superseded: bool = Field(
+        default=True,
+        description="with rollouts: a spec changed while a rollout's last wave settles "
+        "waits for that wave, and the rollout's version, now completed, becomes the new "
+        "rollout's revert target (forge.core.rolling); off: the new spec takes over at "
+        "once and reverts to the version before; the workflow turns it on under a patch",
     )
 
     @property

@@ -189,6 +189,7 @@ class Releasing:
             now=self.now,
             only=only,
             budget=self.disruption_left if self.options.disruption_budgets else None,
+            settle=self.options.settle_superseded,
         )
         for wid in plan.rollouts.stop:
             b = plan.bindings[wid]

@@ -21,6 +21,15 @@ watching its check, and running counts as healthy for it, as without a check.
 A binding made before versions existed (version "") runs the group's current
 version when its resources match the spec (a command or env change then never
 reached it, as before), and an unknown old one otherwise.
+
+A spec that changes while a rollout's last wave settles (every replica on the
+rollout's version, none failed, the newest not yet healthy for
+``min_healthy_time``: ``settle``, the superseded-wave-settles patch) waits for
+that wave: once it has settled the rollout completed, so its version is the one
+the new rollout reverts to, as Nomad's last stable version. Without ``settle`` the
+new spec took over at once and kept the older rollout's revert target, so a
+revert after ``v1 -> v2 -> v3`` went back to v1 when v3 came within
+``min_healthy_time`` of v2's last replica starting.
 """
 
 from __future__ import annotations
@@ -31,7 +40,16 @@ from dataclasses import dataclass, field, replace
 from forge.core.groups import Group, Groups
 from forge.core.models import AssignmentStatus, Request, TaskGroup, workload_id
 from forge.core.placement import Binding
-from forge.core.rollout import Health, Phase, Replica, Rollout, Step, UpdatePolicy, step
+from forge.core.rollout import (
+    Health,
+    Phase,
+    Replica,
+    Rollout,
+    Step,
+    UpdatePolicy,
+    counts_healthy,
+    step,
+)
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -112,6 +130,7 @@ def plan_rollouts(
     now: float,
     only: Collection[tuple[str, str]] | None = None,
     budget: Callable[[tuple[str, str]], int | None] | None = None,
+    settle: bool = False,
 ) -> RolloutPlan:
     """Each group's step. ``failed``: bindings this pass released as failed (a new
     replica that failed fails its rollout); ``promoted``: groups (``job/group``)
@@ -126,7 +145,12 @@ def plan_rollouts(
     has every replica on its version and no rollout, and would be skipped anyway.
 
     ``budget``: what a group's disruption budget lets go now (None: no budget), so
-    a wave never takes the group further below desired than its budget allows."""
+    a wave never takes the group further below desired than its budget allows.
+
+    ``settle``: a rollout whose spec changed again while its last wave settles
+    finishes that wave first, and its version becomes the revert target (the
+    superseded-wave-settles patch; off: the new spec takes over at once, keeping
+    the older revert target)."""
     out = RolloutPlan()
     wakes: list[float] = []
     keys: Collection[tuple[str, str]] = groups
@@ -136,7 +160,16 @@ def plan_rollouts(
         entry = groups[key]
         name = f"{key[0]}/{key[1]}"
         replicas = _replicas(key, entry, bindings, failed, health, since, now, out)
-        current = _current(rollouts.get(name), entry.spec, replicas, name in promoted)
+        prior = rollouts.get(name)
+        if settle and prior is not None:
+            last = _superseded(entry.spec, prior, replicas, now)
+            if isinstance(last, Step):  # its last wave settles first
+                out.rollouts[name], out.steps[name] = prior, last
+                wakes.append(last.wake_at or now)
+                continue
+            if last:
+                prior = None  # it completed: the new rollout reverts to its version
+        current = _current(prior, entry.spec, replicas, name in promoted)
         if current is not None:
             left = budget(key) if budget is not None else None
             _roll(name, entry, current, replicas, now, out, wakes, left)
@@ -179,6 +212,43 @@ def _replicas(
         state, at = _health(b, since, wid, verdict)
         replicas.append(Replica(ordinal, version_of(b, g, req), state, at))
     return replicas
+
+
+def _superseded(
+    g: TaskGroup, prior: GroupRollout, replicas: list[Replica], now: float
+) -> bool | Step:
+    """A rollout whose spec changed again: True when it completed (every replica on
+    its version, each healthy for ``min_healthy_time`` by the group's rule), so its
+    version is the last stable one; a step that waits while its last wave is still
+    on its way there (no replica off its version, none failed or past its deadline);
+    False otherwise (or when the spec did not change): the new spec takes over with
+    the older revert target."""
+    rollout = prior.rollout
+    if prior.failed or rollout.version == g.version:
+        return False
+    if len(replicas) != g.scaling.desired or any(r.version != rollout.version for r in replicas):
+        return False
+    policy = g.update or DEFAULT_POLICY
+    wakes: list[float] = []
+    for r in replicas:
+        if counts_healthy(r, policy, now):
+            continue
+        if r.health is Health.HEALTHY:
+            wakes.append(r.since + policy.min_healthy_time)
+        elif r.health is Health.STARTING and now < r.since + policy.healthy_deadline:
+            wakes.append(r.since + policy.healthy_deadline)
+        else:
+            return False  # failed, or past its deadline: the version never completed
+    if not wakes:
+        return True
+    return Step(
+        phase=Phase.ROLLING,
+        waiting=f"version {g.version} waits for the last wave of {rollout.version} to settle",
+        wake_at=min(wakes),
+        rollout=rollout,
+        healthy=sum(r.health is Health.HEALTHY for r in replicas),
+        updated=len(replicas) - len(wakes),
+    )
 
 
 def _current(

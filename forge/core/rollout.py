@@ -118,7 +118,9 @@ class Step:
     updated: int = 0  # replicas on the new version that count as healthy
 
 
-def _counts_healthy(r: Replica, policy: UpdatePolicy, now: float) -> bool:
+def counts_healthy(r: Replica, policy: UpdatePolicy, now: float) -> bool:
+    """Healthy for ``min_healthy_time`` (by the group's rule: running, and its
+    check passed when it has one)."""
     return r.health is Health.HEALTHY and now - r.since >= policy.min_healthy_time
 
 
@@ -142,8 +144,8 @@ def step(
     new = [r for r in live if r.version == rollout.version]
     old = [r for r in live if r.version != rollout.version]
     healthy = sum(r.health is Health.HEALTHY for r in live)
-    settled = [r for r in new if _counts_healthy(r, policy, now)]
-    unsettled = [r for r in new if not _counts_healthy(r, policy, now)]
+    settled = [r for r in new if counts_healthy(r, policy, now)]
+    unsettled = [r for r in new if not counts_healthy(r, policy, now)]
     base = Step(phase=Phase.ROLLING, rollout=rollout, healthy=healthy, updated=len(settled))
 
     # A new replica past its deadline fails the rollout, whatever else is going on.

@@ -35,8 +35,9 @@ def web(env: str = "1", cpu: int = 500, **update: Any) -> Job:
 class Sim:
     """The loop's part: bindings, rollouts, since; agents report running at once."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, options: ReconcileOptions = ROLLING) -> None:
         self.job = job
+        self.options = options
         self.bindings: dict[str, Binding] = {}
         self.rollouts: dict[str, GroupRollout] = {}
         self.since: dict[str, float] = {}
@@ -50,7 +51,7 @@ class Sim:
             pending={},
             failures={},
             now=self.now,
-            options=ROLLING,
+            options=self.options,
             rollouts=self.rollouts,
             since=self.since,
             **kw,
@@ -146,6 +147,86 @@ def test_auto_revert_asks_for_the_last_healthy_version() -> None:
     plan = sim.pass_(failed=[stopped])
     assert plan.rollouts is not None
     assert plan.rollouts.revert == {"web/api": web().groups[0].version}
+
+
+def unchecked(env: str) -> Job:
+    """The reported group: no health check, one at a time, 2 s healthy, auto_revert."""
+    return web(env, max_parallel=1, min_healthy_time=2.0, auto_revert=True)
+
+
+def _v2_last_wave_running(sim: Sim) -> None:
+    """v1 settled, then v2 rolled until its last replica runs (all six answer "2")
+    but has not yet run min_healthy_time."""
+    sim.pass_()
+    sim.run_all()
+    sim.now = 100.0
+    sim.pass_()
+    sim.job = unchecked("2")
+    v2 = sim.job.groups[0].version
+    for _ in range(60):
+        plan = sim.pass_()
+        stopped = [w for w, why in plan.released if why == "rollout"]
+        sim.run_all()
+        if sim.versions() == [v2] * 6 and not stopped:
+            break
+        if not stopped:
+            assert plan.next_wake is not None
+            sim.now = plan.next_wake
+    assert sim.versions() == [v2] * 6
+    assert all(b.status is AssignmentStatus.RUNNING for b in sim.bindings.values())
+    assert "web/api" in sim.rollouts  # the last replica's health clock still runs
+
+
+def _rollout_stops(plan: Plan) -> list[str]:
+    return [w for w, why in plan.released if why == "rollout"]
+
+
+def test_a_revert_without_a_check_goes_to_the_version_whose_rollout_completed() -> None:
+    # v1 -> v2 (six replicas running) -> v3 exits at once: auto_revert goes to v2,
+    # though v3 came before v2's last replica had run min_healthy_time
+    sim = Sim(unchecked("1"))
+    _v2_last_wave_running(sim)
+    sim.now += 0.5
+    sim.job = unchecked("3")
+    plan = sim.pass_()
+    assert not _rollout_stops(plan)  # v2's last wave settles first
+    step = plan.rollouts.steps["web/api"]  # type: ignore[union-attr]
+    assert "waits for the last wave" in step.waiting
+    assert plan.next_wake is not None and plan.next_wake <= sim.now + 1.5
+    sim.now = plan.next_wake
+    plan = sim.pass_()  # v2 completed: v3's first wave
+    (bad,) = _rollout_stops(plan)
+    assert sim.rollouts["web/api"].rollout.previous == unchecked("2").groups[0].version
+    sim.now += 0.5
+    plan = sim.pass_(failed=[bad])  # it exits 3
+    assert plan.rollouts is not None
+    assert plan.rollouts.revert == {"web/api": unchecked("2").groups[0].version}
+
+
+def test_a_superseded_last_wave_that_fails_leaves_the_revert_target_before_it() -> None:
+    sim = Sim(unchecked("1"))
+    _v2_last_wave_running(sim)
+    sim.now += 0.5
+    sim.job = unchecked("3")
+    assert not _rollout_stops(sim.pass_())  # waiting for v2's last wave
+    last = min(sim.bindings.values(), key=lambda b: b.ordinal).workload_id
+    sim.now += 0.5
+    plan = sim.pass_(failed=[last])  # v2's last replica fails: v2 never completed
+    assert sim.rollouts["web/api"].rollout.version == unchecked("3").groups[0].version
+    assert sim.rollouts["web/api"].rollout.previous == unchecked("1").groups[0].version
+    assert plan.rollouts is not None and not plan.rollouts.revert
+
+
+def test_runs_recorded_before_superseded_wave_settles_revert_past_a_settling_version() -> None:
+    sim = Sim(unchecked("1"), ReconcileOptions(rollouts=True, settle_superseded=False))
+    _v2_last_wave_running(sim)
+    sim.now += 0.5
+    sim.job = unchecked("3")
+    (bad,) = _rollout_stops(sim.pass_())  # the new spec takes over at once
+    sim.now += 0.5
+    plan = sim.pass_(failed=[bad])
+    assert plan.rollouts is not None
+    assert plan.rollouts.revert == {"web/api": unchecked("1").groups[0].version}
 
 
 def test_a_canary_waits_for_promotion() -> None:

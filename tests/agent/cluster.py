@@ -26,7 +26,7 @@ from forge.wire import contract as c
 from tests.agent.helpers import kill_tasks, task_processes
 from tests.e2e.procs import ROOT, WorkerProc, start_process, stop_process
 
-__all__ = ["AgentCluster", "agent_cluster", "call_failed", "http_status"]
+__all__ = ["AgentCluster", "agent_cluster", "call_failed", "http_body", "http_status"]
 
 
 @dataclass
@@ -111,6 +111,15 @@ def http_status(port: int) -> int:
             return int(resp.status)
     except OSError:
         return 0
+
+
+def http_body(port: int) -> str | None:
+    """The body of a GET on a replica's local port (None: nothing answered 200)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+            return resp.read().decode() if resp.status == 200 else None
+    except OSError:
+        return None
 
 
 def call_failed(request: Any) -> bool:

@@ -10,9 +10,10 @@ processes stop and run elsewhere; scaling down ends the processes; a priority-90
 on a cluster full of priority-20 processes runs by preemption, its victims stopped
 after their grace and pending, nothing over capacity at any poll; a CPU-burning
 autoscaled group grows within two autoscale periods; rolling updates (a checked group
-rolls with 5 of 6 answering and a crashing version is reverted; a canary of one waits
-for ``forge job promote``; a ``kill -9`` of the worker mid-rollout resumes its wave
-and runs no replica twice); and last, a ``kill -9`` of an agent moves its replicas
+rolls with 5 of 6 answering and a crashing version is reverted; a group without a
+check reverts a crashing version to the one that completed, not the one before; a
+canary of one waits for ``forge job promote``; a ``kill -9`` of the worker mid-rollout
+resumes its wave and runs no replica twice); and last, a ``kill -9`` of an agent moves its replicas
 within the heartbeat TTL + 5 s.
 
 What runs is found from the outside, as an operator would: the task processes by
@@ -41,7 +42,7 @@ import pytest_asyncio
 from forge.core.models import Assignment, Job
 from forge.core.rollout import UpdatePolicy
 from forge.wire import contract as c
-from tests.agent.cluster import AgentCluster, agent_cluster, http_status
+from tests.agent.cluster import AgentCluster, agent_cluster, http_body, http_status
 from tests.agent.helpers import alive, task_environs, task_processes
 from tests.e2e.procs import eventually
 
@@ -521,6 +522,77 @@ async def test_a_checked_group_rolls_with_five_of_six_answering_and_reverts_a_cr
     await cl.fc.stop_job("roll")
     await eventually(
         _now(lambda: cl.processes("roll")), lambda p: not p, timeout=30, what="roll stopped"
+    )
+
+
+#: Answers its ``V`` over HTTP: what an operator checks after a revert.
+ANSWER_V = """
+import http.server as h, os
+class Answer(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = os.environ["V"].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+h.HTTPServer(("127.0.0.1", int(os.environ["FORGE_PORT_HTTP"])), Answer).serve_forever()
+"""
+#: The reported policy: no health check, so a replica is healthy once it has run
+#: ``min_healthy_time``.
+UNCHECKED_UPDATE = {"max_parallel": 1, "min_healthy_time": 2.0, "auto_revert": True}
+
+
+def _answering(env: str, code: str = ANSWER_V) -> Job:
+    """A 6-replica HTTP group without a health check that answers its ``V``."""
+    spec = _job("answer", code, 6, ports=["http"], stop_grace=2.0, env={"V": env})
+    g = spec.groups[0].model_copy(update={"update": UpdatePolicy(**UNCHECKED_UPDATE)})
+    return spec.model_copy(update={"groups": (g,)})
+
+
+async def test_a_group_without_a_check_reverts_a_crashing_version_to_the_one_that_completed(
+    show_logs_on_failure,
+) -> None:
+    # v1, then v2 rolled until all six answer "2", then at once a v3 that exits 3:
+    # the last stable version is v2 (its last wave settles before v3 rolls), so the
+    # auto-revert ends with six replicas answering "2", never "1"
+    cl: Cluster = show_logs_on_failure
+    watch = Watch(cl, job="answer")
+    seen: list[Counter[str | None]] = []
+
+    def answers() -> Counter[str | None]:
+        watch.poll()  # the ports the agents reported
+        got = Counter(
+            http_body(port) if port is not None else None
+            for port in (watch.ports.get((a.workload_id, a.node)) for a in cl.bindings("answer"))
+        )
+        seen.append(got)
+        return got
+
+    v2 = _answering("2")
+    ver2 = v2.groups[0].version
+    await cl.fc.submit_job(_answering("1"))
+    await eventually(_now(answers), lambda got: got == Counter({"1": 6}), timeout=60, what="v1")
+    await cl.fc.submit_job(v2)
+    await eventually(_now(answers), lambda got: got == Counter({"2": 6}), timeout=120, what="v2")
+    seen.clear()
+    bad = _answering("3", code="raise SystemExit(3)")
+    await cl.fc.submit_job(bad)
+    await eventually(
+        _now(lambda: [v.version for v in cl.store.group_versions(CLUSTER, "answer")]),
+        lambda got: got[-2:] == [bad.groups[0].version, ver2],
+        timeout=60,
+        what="v2 submitted again by the revert",
+    )
+    await eventually(
+        _now(answers), lambda got: got == Counter({"2": 6}), timeout=60, what="6 answering 2"
+    )
+    assert [a.version for a in cl.bindings("answer")] == [ver2] * 6
+    assert not any(got["1"] for got in seen), seen  # never back to v1
+    await cl.fc.stop_job("answer")
+    await eventually(
+        _now(lambda: cl.processes("answer")), lambda p: not p, timeout=30, what="answer stopped"
     )
 
 

@@ -310,6 +310,8 @@ class ClusterWorkflow(Presentation):
             update["held_back_deferred"] = False  # left held-back replicas a backoff
         if not workflow.patched(patches.SUPERSEDED_WAVE_SETTLES):
             update["settle_superseded"] = False  # a new spec took over a settling wave
+        if not workflow.patched(patches.PREEMPTION_REFILLS_WAITING):
+            update["refill_waiting"] = False  # freed room went to this pass's refused only
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)

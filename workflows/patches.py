@@ -1,9 +1,9 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Twelve are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+Thirteen are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
 ``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``, ``BUDGET_TO_TARGET``,
 ``HELD_BACK_DEFERRED``, ``JOB_WRITES_LOCAL``, ``PASS_INTAKE``,
-``SUPERSEDED_WAVE_SETTLES``).
+``SUPERSEDED_WAVE_SETTLES``, ``PREEMPTION_REFILLS_WAITING``).
 The round before folded every earlier patch (work budgets, the published status,
 rolling updates and health checks, placement version 2, dropped-signal notices)
 into one baseline, since no user runs
@@ -26,6 +26,7 @@ __all__ = [
     "JOB_WRITES_LOCAL",
     "PASS_INTAKE",
     "PREEMPTION",
+    "PREEMPTION_REFILLS_WAITING",
     "REPLAY_SECONDS",
     "SPREAD_SCALE_DOWN",
     "SUPERSEDED_WAVE_SETTLES",
@@ -106,3 +107,12 @@ PASS_INTAKE = "pass-intake-recorded"
 #: v1 -> v2 -> a crashing v3 goes back to v2, the last stable version). Runs
 #: recorded before it let the new spec take over at once and revert to v1.
 SUPERSEDED_WAVE_SETTLES = "superseded-wave-settles"
+
+#: The room a pass's preemptions free is offered to the replicas still waiting out
+#: an earlier backoff too, in placement order with the ones refused in the same pass
+#: (forge.core.preempting ``refill``): runs recorded before it offered it only to
+#: those refused this pass and the victims, and left a backed-off replica pending
+#: while the freed node could take it until the next pass (invariant 4; found by the
+#: reconcile state machine: a higher-priority submission preempted on a node with
+#: room to spare while an earlier submission waited out its backoff).
+PREEMPTION_REFILLS_WAITING = "preemption-refills-waiting"

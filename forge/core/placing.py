@@ -82,6 +82,10 @@ class Placing:
         self.held_back: list[Wanted] = []
         self.wanted: list[Wanted] = []
         self.deferred: list[Deferred] = []
+        #: with ``refill_waiting``: the groups (in placement order) some of whose
+        #: replicas kept a backoff from an earlier pass untried; a preemption's
+        #: freed room is offered to them too (:meth:`waiters`)
+        self.waited: list[GroupKey] = []
         #: where in ``visit`` the budget stopped the pass: the groups from here on
         #: were deferred whole, untouched (None: every group was visited)
         self.stop: int | None = None
@@ -160,6 +164,7 @@ class Placing:
         if topo is None and self._still_parked(key, entry, bound):
             return False
         waiting_now = 0
+        note_wait = options.refill_waiting
         walked: dict[str, PendingEntry] | None = {} if topo is None else None
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
@@ -172,6 +177,9 @@ class Placing:
             if wait is not None:
                 plan.pending[wid] = wait
                 waiting_now += 1
+                if note_wait and wait.kind == "backoff":
+                    self.waited.append(key)
+                    note_wait = False  # once per group
                 self._note_gpu(req, constraints)
                 if walked is not None:
                     walked[wid] = wait
@@ -231,6 +239,8 @@ class Placing:
                 return False
         self.plan.pending.update(rec.entries)
         self.visited += len(rec.entries)
+        if rec.backoff and self.options.refill_waiting:
+            self.waited.append(key)  # as the walk would have noted it
         _, g, req = entry
         self._note_gpu(req, g.constraints)
         return True
@@ -241,6 +251,37 @@ class Placing:
         until = min(w.not_before for w in walked.values())
         backoff = any(w.kind == "backoff" for w in walked.values())
         self.parked[key] = Parked(entry, bound, until, backoff, walked)
+
+    def waiters(self, work_left: int = 0) -> list[Wanted]:
+        """The replicas this pass left waiting out a backoff an earlier pass gave
+        them (their entry kept as it was, untried), in placement order: the room a
+        preemption frees may take them (``Phase.refill``). Walks only the groups
+        :attr:`waited` names, one unit of work per replica looked at, and (with a
+        budget) no group once ``work_left`` units are spent: those after wait on."""
+        out: list[Wanted] = []
+        given, pending, bindings = self.pending, self.plan.pending, self.plan.bindings
+        walked = 0
+        for key in self.waited:
+            if work_left and walked >= work_left:
+                break
+            entry = self.groups.get(key)
+            if entry is None:  # pragma: no cover - a visited group is indexed
+                continue
+            job, g, req = entry
+            for ordinal in range(g.scaling.desired):
+                wid = workload_id(job.id, g.name, ordinal)
+                e = pending.get(wid)
+                # kept as given (neither tried this pass nor a victim of it), unbound
+                if (
+                    e is not None
+                    and e.kind == "backoff"
+                    and e is given.get(wid)
+                    and wid not in bindings
+                ):
+                    out.append(Wanted(wid, job, g, ordinal, req))
+            walked += g.scaling.desired
+        self.visited += walked
+        return out
 
     def _gang(self, entry: Group, topo: Topology | None) -> bool:
         """Place a gang's missing replicas together or not at all (see

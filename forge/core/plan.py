@@ -59,6 +59,7 @@ class ReconcileOptions(Evolving):
         "spread_down",
         "held_back_deferred",
         "settle_superseded",
+        "refill_waiting",
     )
 
     algorithm: Algorithm = "binpack"
@@ -165,6 +166,14 @@ class ReconcileOptions(Evolving):
         "waits for that wave, and the rollout's version, now completed, becomes the new "
         "rollout's revert target (forge.core.rolling); off: the new spec takes over at "
         "once and reverts to the version before; the workflow turns it on under a patch",
+    )
+    refill_waiting: bool = Field(
+        default=True,
+        description="the room a pass's preemptions free is offered to the replicas "
+        "still waiting out an earlier backoff as well, in placement order with those "
+        "refused this pass (forge.core.preempting ``refill``), not only to those and "
+        "the victims: a backed-off replica is not left pending while a node can take "
+        "it; the workflow turns it on under a patch",
     )
 
     @property

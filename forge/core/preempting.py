@@ -106,14 +106,29 @@ class Phase:
                     since.append(w)
             todo = before_last
 
-    def refill(self, wanted: list[Wanted], placer: Placer, room: int, work_left: int) -> int:
+    def refill(
+        self,
+        wanted: list[Wanted],
+        placer: Placer,
+        room: int,
+        work_left: int,
+        waiters: list[Wanted] | None = None,
+    ) -> int:
         """After preemptions: place what is still unbound, with a fresh ``placer``
         over the same cluster (a victim may fit elsewhere, the rest of a freed node
         may fit other pending work), in order, the victims after the replicas that
         found no node. At most ``room`` placements; returns how many were made.
         A victim of a group with ``distinct_hosts`` or ``spread`` waits for the next
-        pass, whose place phase knows where its group's replicas are."""
+        pass, whose place phase knows where its group's replicas are.
+
+        ``waiters`` (option ``refill_waiting``): the replicas that waited out an
+        earlier backoff this pass, untried; the freed room is theirs as much as the
+        refused ones' (a release's freed room retries every backoff, forge.core.waiting),
+        so they are merged with those in placement order. None: the room goes to the
+        refused replicas and the victims only (runs recorded before the patch)."""
         order = [w for w in wanted if w.wid not in self.plan.bindings]
+        if waiters:
+            order = sorted(order + waiters, key=_placement_order)
         order += self._victims()
         if self.options.topology:  # a group with rules of its own waits for a pass
             order = [w for w in order if not w.group.topology]
@@ -274,6 +289,13 @@ class Phase:
                 out.append(Holder(wid, b, entry.job.priority))
         self._holders[node_id] = out
         return out
+
+
+def _placement_order(w: Wanted) -> tuple[tuple[int, bool, str], int, int]:
+    """Where the place phase visits ``w``: its job's sort key, its group's place in
+    the job, its ordinal."""
+    names = [g.name for g in w.job.groups]
+    return (sort_key(w.job), names.index(w.group.name), w.ordinal)
 
 
 def _index(bindings: Mapping[str, Binding], skip: set[str]) -> dict[str, list[str]]:

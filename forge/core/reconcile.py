@@ -283,7 +283,9 @@ class _Pass(Releasing):
             plan.freed = True
             left = max(budget - spent - phase.work, 1) if budget else 0
             room = options.max_placements - placing.placed
-            placing.placed += phase.refill(placing.wanted, self._placer(), room, left)
+            # (the old branch, ``refill_waiting`` off, leaves the waiters their backoff)
+            waiters = placing.waiters(left) if options.refill_waiting else None
+            placing.placed += phase.refill(placing.wanted, self._placer(), room, left, waiters)
         placing.visited += phase.work
         return phase.preempted_groups
 

@@ -313,6 +313,67 @@ def test_a_victim_that_fits_elsewhere_is_placed_in_the_same_pass() -> None:
     assert plan.pending[left].reasons[0].startswith("preempted by top/g/0 at ")
 
 
+def _waiting_then_preempting() -> tuple[Sim, Plan]:
+    """A node held by one low replica; ``wait`` (of the same priority: nothing to
+    preempt) found no room and backs off; before its backoff is over a priority-90
+    job preempts the low replica and takes a sliver of the node. Returns the sim
+    before that pass and the pass's inputs' plan, unchecked."""
+    s = sim(
+        [node("a", cpu=4000, memory=4096)],
+        [job("low", group("g", 1, cpu=1000, memory=4096), priority=10)],
+    )
+    s.settle()
+    s.jobs["wait"] = job("wait", group("g", 2, cpu=500, memory=1024), priority=10)
+    s.now += 1
+    first = s.run_pass()
+    assert not first.placed and not first.preemptions
+    assert {w: e.not_before for w, e in first.pending.items()} == {
+        "wait/g/0": s.now + 1,
+        "wait/g/1": s.now + 1,
+    }
+    s.jobs["top"] = job("top", group("g", 1, cpu=500, memory=512), priority=90)
+    return s, first
+
+
+def test_room_a_preemption_frees_goes_to_replicas_waiting_out_a_backoff() -> None:
+    """Invariant 4 (the reconcile state machine's counterexample, made small): the
+    preemption leaves 3.5 cores and 3.5 GiB free on ``a``; the waiting replicas
+    fit there and are placed in the same pass, not left to their backoff."""
+    s, _ = _waiting_then_preempting()
+    plan = s.run_pass()  # (checked: nothing left pending that a node can take)
+    [p] = plan.preemptions
+    assert (p.preemptor, p.node, p.victims) == ("top/g/0", "a", ("low/g/0",))
+    assert sorted(b.workload_id for b in plan.placed) == ["top/g/0", "wait/g/0", "wait/g/1"]
+    assert set(plan.pending) == {"low/g/0"}  # 1 GiB left: the victim waits
+    assert plan.pending["low/g/0"].reasons[0].startswith("preempted by top/g/0 at ")
+
+
+def test_runs_recorded_before_the_refill_patch_leave_the_waiting_replicas_their_backoff() -> None:
+    """``refill_waiting`` off (a history recorded before preemption-refills-waiting)
+    plans as before: the waiting replicas keep the entry they had, untried."""
+    s, first = _waiting_then_preempting()
+    old = s.options.model_copy(update={"refill_waiting": False})
+    plan = reconcile(**{**s.inputs(), "options": old})
+    assert [b.workload_id for b in plan.placed] == ["top/g/0"]
+    assert plan.freed and plan.next_wake == s.now  # the next pass, at once, takes them
+    for w in ("wait/g/0", "wait/g/1"):
+        assert plan.pending[w] is first.pending[w]
+
+
+def test_freed_room_goes_in_placement_order_waiting_or_refused() -> None:
+    """A higher-priority replica waiting out its backoff gets the freed room before
+    a lower-priority one refused in this very pass."""
+    s, _ = _waiting_then_preempting()
+    s.jobs["wait"] = s.jobs["wait"].model_copy(update={"priority": 30})
+    s.jobs["later"] = job("later", group("g", 1, cpu=500, memory=2048), priority=20)
+    s.jobs["top"] = job("top", group("g", 1, cpu=500, memory=1024), priority=90)
+    plan = s.run_pass()
+    # 4096 - 1024 (top) = 3072: both waiting 1 GiB replicas (priority 30) fit, the
+    # 2 GiB one refused now (priority 20) no longer does
+    assert sorted(b.workload_id for b in plan.placed) == ["top/g/0", "wait/g/0", "wait/g/1"]
+    assert "later/g/0" in plan.pending
+
+
 def test_the_plan_is_the_same_with_and_without_a_carry() -> None:
     """Sim.run_pass compares each pass with the carried one (check_carried); a
     mixed-priority cluster that preempts in several passes."""

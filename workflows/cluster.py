@@ -24,11 +24,13 @@ this module, and what the loop shows (status, details, metrics) are pure views i
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from temporalio import workflow
 
 from workflows import activities as acts
 from workflows import loading, patches
+from workflows.alarms import Alarms
 from workflows.mail import JobWrite
 from workflows.presentation import Presentation, status_json
 from workflows.state import binding_row, worker_clock
@@ -72,6 +74,9 @@ class ClusterWorkflow(Presentation):
         super().__init__(inp)
         self.intake = workflow.patched(patches.PASS_INTAKE)  # before any handler runs
         self.watch = StoreWatch()
+        self.due = False  # the last intake found continue-as-new due
+        self.alarms = Alarms()
+        self.rings = 0  # the alarms rung when the loop last began to wait
         self.published = ""  # the last status published (without per-pass fields)
         self.adaptive = False  # the adaptive-budget patch, decided by each pass
         self.to_target = False  # the budget-to-target patch, likewise
@@ -125,32 +130,61 @@ class ClusterWorkflow(Presentation):
         earlier passes made, never from what handlers did since."""
         while True:
             rec = await self._intake()
-            if rec.due and self._drained():
-                await workflow.wait_condition(
-                    lambda: workflow.all_handlers_finished() or self.mail.pending()
-                )
-                if not self.mail.pending():
-                    await self.watch.cancel()
-                    if not self.mail.pending():
-                        self._continue_as_new()
-            if self.dirty or self.inbox or self.queue.queued or rec.watch or self.mail.pending():
+            if rec.due and rec.idle and self._drained(rec):
+                await self.watch.cancel()
+                # (a handler that ran since the intake posted after it: not without it)
+                if self.mail.total == rec.mail:
+                    self._continue_as_new()
+            # what the intake took, never what handlers posted since: a replay may
+            # run those handlers earlier than the live run did
+            due = self.dirty or self.inbox or self.queue.queued or rec.watch
+            due = due or self.mail.taken < rec.mail  # beyond one store write's bytes
+            if not due:
+                self._ensure_watch()
+                wake, _ = self.st.next_wake(rec.now)
+                due = self.dirty = wake <= rec.now  # the recorded clock passed a deadline
+            if due:
                 await self._pass(rec)
                 continue
-            self._ensure_watch()
-            wake, why = self.st.next_wake(rec.now)
-            if wake <= rec.now:
-                self.dirty = True
-                continue
-            try:
-                await workflow.wait_condition(
-                    lambda: self.mail.pending() or self.watch.done(),
-                    # the recorded clock decided to sleep; the timer's length is not
-                    # compared on replay, so the live clock may size it
-                    timeout=max(wake - workflow.now().timestamp(), 0.001),
-                    timeout_summary=why,
-                )
-            except TimeoutError:
-                self.dirty = True
+            self.due = rec.due  # and waiting for handlers: their end wakes it
+            self.rings = self.alarms.rings
+            if not self._woken():
+                # the recorded clock decided to sleep until ``wake`` (the timer's
+                # summary: the current details say why; workflows.alarms)
+                self.alarms.ensure(wake, workflow.now().timestamp())
+                since = workflow.now()
+                await workflow.wait_condition(self._woken)
+                if not (self.mail.pending() or self._handlers_done()):
+                    await self._past(since)  # woken by an alarm or the watch
+
+    def _woken(self) -> bool:
+        """Something a turn of the loop takes: mail, the watch's news, an alarm that
+        rang since the loop began to wait, or handlers a continue-as-new waited for."""
+        return (
+            self.mail.pending()
+            or self.watch.done()
+            or self.alarms.rings > self.rings
+            or self._handlers_done()
+        )
+
+    def _handlers_done(self) -> bool:
+        """Continue-as-new is due and waits for no handler any more."""
+        return self.due and workflow.all_handlers_finished()
+
+    async def _past(self, since: datetime) -> None:
+        """Go on only in a workflow task later than the one the loop began to wait in.
+
+        A timer's firing or the watch's result can reach this worker with the clock
+        of that earlier task: Core runs the events that trail a query sent to a worker
+        that never saw the run as a live activation with the previous task's clock
+        (../shared/research/temporal-query-takeover/), and an update in the next task
+        then comes in an activation of its own. A replay runs both in one activation,
+        the update first, so whatever the loop did in the query's activation would
+        come before the update's acceptance live and after it replayed. Waiting for the
+        clock to move emits nothing there; in the next task the updates are taken
+        first, as a replay takes them. A wake by a handler needs no wait: it came with
+        its task."""
+        await workflow.wait_condition(lambda: workflow.now() > since or self.mail.pending())
 
     async def _intake(self) -> ac.Intake:
         """Record what the loop sees now, then take the handlers' items it saw."""
@@ -159,6 +193,7 @@ class ClusterWorkflow(Presentation):
             mail=self.mail.total,
             watch=self.watch.done(),
             due=self._continue_as_new_due(),
+            idle=workflow.all_handlers_finished(),
         )
         rec = await acts.intake(seen)
         # Replayed, a handler may run later than it did live: wait for what was seen.
@@ -174,13 +209,12 @@ class ClusterWorkflow(Presentation):
             self._apply(item)
         return rec
 
-    def _drained(self) -> bool:
-        """Nothing posted, taken or queued waits for a pass."""
-        return not (
-            self.mail.pending()
-            or self.mail.planned < self.mail.taken
-            or self.inbox
-            or self.queue.queued
+    def _drained(self, rec: ac.Intake) -> bool:
+        """Nothing the intake saw, or passes queued, waits for a pass."""
+        return (
+            self.mail.taken == rec.mail
+            and self.mail.planned >= self.mail.taken
+            and not (self.inbox or self.queue.queued)
         )
 
     def _continue_as_new(self) -> None:

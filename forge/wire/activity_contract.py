@@ -163,7 +163,8 @@ class Intake(_Msg):
     now: float = Field(description="workflow time the loop woke at (epoch seconds)")
     mail: int = Field(ge=0, description="handler items posted so far")
     watch: bool = Field(description="the store watch had returned")
-    due: bool = Field(description="continue-as-new was due and no handler was running")
+    due: bool = Field(description="continue-as-new was due")
+    idle: bool = Field(default=False, description="no handler was running")
 
 
 class WriteJobsOut(_Msg):

@@ -37,6 +37,7 @@ __all__ = [
     "connect_failure",
     "connect_problem",
     "one_line",
+    "run_ended",
     "task_failing",
     "translate",
 ]
@@ -53,6 +54,22 @@ def task_failing(err: RPCError) -> bool:
     from temporalio.service import RPCStatusCode  # lazily: the CLI's start-up stays light
 
     return err.status == RPCStatusCode.FAILED_PRECONDITION and TASK_FAILING in str(err).lower()
+
+
+#: What Temporal says (NOT_FOUND) to an update in flight when the run it reached ends
+#: under it: a watchdog's reset terminated it, or it continued as new.
+RUN_ENDED = "workflow execution already completed"
+
+
+def run_ended(err: RPCError) -> bool:
+    """The run the call reached ended under it (a reset, a continue-as-new) while the
+    workflow goes on in a new run: the transport retries it there. Every update of
+    the cluster workflow may be applied twice (a submission, a scale or a stop sets
+    a state; a failure report is keyed by its binding), so a retry of one the old run
+    did take is harmless, and one it did not take is not lost."""
+    from temporalio.service import RPCStatusCode
+
+    return err.status == RPCStatusCode.NOT_FOUND and RUN_ENDED in str(err).lower()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge.client.failures import task_failing
+from forge.client.failures import run_ended, task_failing
 from forge.core.models import MAX_BATCH_BYTES
 from forge.errors import ForgeError, InvalidInput
 from forge.wire import errors
@@ -28,6 +28,7 @@ __all__ = [
     "busy",
     "busy_refusal",
     "check_size",
+    "run_ended",
     "task_failing",
 ]
 

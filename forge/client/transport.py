@@ -44,6 +44,7 @@ from forge.client.limits import (
     TASK_FAILING_DELAYS,
     busy,
     busy_refusal,
+    run_ended,
     task_failing,
 )
 from forge.client.limits import check_size as _check_size
@@ -184,9 +185,12 @@ class Transport:
                 try:
                     return await call()
                 except RPCError as err:
-                    delays = (
-                        busy_delays if busy(err) else failing_delays if task_failing(err) else None
-                    )
+                    if busy(err):
+                        delays = busy_delays
+                    elif task_failing(err) or run_ended(err):
+                        delays = failing_delays
+                    else:
+                        delays = None
                     delay = None if delays is None else next(delays, None)
                     if delay is None:
                         raise

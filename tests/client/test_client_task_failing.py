@@ -94,3 +94,23 @@ async def test_another_failed_precondition_is_not_retried() -> None:
     with pytest.raises(ForgeError, match="closing"):
         await _client(fake, running=True).submit_jobs([harness_job("web")])
     assert fake.calls == 1
+
+
+#: What Temporal answers an update in flight when its run ends under it.
+RUN_ENDED = "workflow execution already completed"
+
+
+async def test_an_update_whose_run_ended_under_it_is_sent_to_the_new_run() -> None:
+    """A watchdog's reset (or a continue-as-new) ended the run the update reached:
+    the CLI said "cluster is not running" and the user's change was never made (seen
+    in bench/takeover.py). Every update may be applied twice, so it is sent again."""
+    fake = _Refusing(times=2, status=RPCStatusCode.NOT_FOUND, message=RUN_ENDED)
+    results = await _client(fake, running=True).submit_jobs([harness_job("web")])
+    assert [r.job_id for r in results] == ["web"] and fake.calls == 3
+
+
+async def test_a_cluster_never_started_is_not_waited_for() -> None:
+    fake = _Refusing(times=1, status=RPCStatusCode.NOT_FOUND, message="workflow not found")
+    with pytest.raises(Unavailable, match="is not running"):
+        await _client(fake, running=True).submit_jobs([harness_job("web")])
+    assert fake.calls == 1

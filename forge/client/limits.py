@@ -28,6 +28,7 @@ __all__ = [
     "busy",
     "busy_refusal",
     "check_size",
+    "lost_with_worker",
     "run_ended",
     "task_failing",
 ]
@@ -66,6 +67,19 @@ def busy_refusal(err: WorkflowUpdateFailedError) -> bool:
     retried, not reported."""
     cause = err.cause
     return isinstance(cause, ApplicationError) and cause.type == errors.BUSY
+
+
+#: What Temporal answers when the workflow task that carried an update was lost (its
+#: worker was killed before it answered): the update was never accepted.
+LOST_WITH_WORKER = "wasn't processed by worker"
+
+
+def lost_with_worker(err: WorkflowUpdateFailedError) -> bool:
+    """The update never reached workflow code (the worker holding the task died):
+    nothing was applied, so it is sent again rather than reported as refused."""
+    cause = err.cause
+    message = str(getattr(cause, "message", None) or cause or err)
+    return LOST_WITH_WORKER in message
 
 
 def batches(items: Sequence[_M], count: int) -> list[list[_M]]:

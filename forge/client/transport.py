@@ -44,6 +44,7 @@ from forge.client.limits import (
     TASK_FAILING_DELAYS,
     busy,
     busy_refusal,
+    lost_with_worker,
     run_ended,
     task_failing,
 )
@@ -148,7 +149,8 @@ class Transport:
                 # too: retrieve it, or asyncio reports it at exit
                 await _retrieve(ops)
                 if isinstance(err, WorkflowUpdateFailedError):
-                    if busy_refusal(err):  # it is running, about to continue as new
+                    if busy_refusal(err) or lost_with_worker(err):
+                        # running, about to continue as new; or its task was lost
                         self._running = True
                         return await self._update(name, req, result_type)
                     raise refused(err) from err
@@ -169,7 +171,7 @@ class Transport:
                     lambda: self.handle().execute_update(name, arg, result_type=result_type)
                 )
             except WorkflowUpdateFailedError as err:
-                if delay is None or not busy_refusal(err):
+                if delay is None or not (busy_refusal(err) or lost_with_worker(err)):
                     raise refused(err) from err
             await asyncio.sleep(delay)  # outside the in-flight budget
         raise AssertionError("unreachable")

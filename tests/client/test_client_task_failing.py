@@ -114,3 +114,29 @@ async def test_a_cluster_never_started_is_not_waited_for() -> None:
     with pytest.raises(Unavailable, match="is not running"):
         await _client(fake, running=True).submit_jobs([harness_job("web")])
     assert fake.calls == 1
+
+
+class _LostOnce(_Refusing):
+    """The first update's workflow task is lost with its worker (never accepted)."""
+
+    def _answer(self, req: Any) -> Any:
+        from temporalio.client import WorkflowUpdateFailedError
+        from temporalio.exceptions import ApplicationError
+
+        if self.calls == 0:
+            self.calls += 1
+            lost = "Workflow Update is rejected because it wasn't processed by worker."
+            raise WorkflowUpdateFailedError(ApplicationError(lost))
+        return super()._answer(req)
+
+
+@pytest.mark.parametrize("running", [True, False], ids=["update", "update-with-start"])
+async def test_an_update_lost_with_its_worker_is_sent_again(
+    running: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in bench/takeover.py: kill -9 of the worker holding the update's task made
+    `forge job run` exit 2 as if the job were bad input. Nothing was applied."""
+    monkeypatch.setattr(transport, "BUSY_DELAYS", (0.0,) * 3)
+    fake = _LostOnce(times=0)
+    results = await _client(fake, running=running).submit_jobs([harness_job("web")])
+    assert [r.job_id for r in results] == ["web"] and fake.calls == 2

@@ -12,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc
+from tests.replay_all import replay_every_run
 
 
 @pytest_asyncio.fixture(scope="session")
@@ -29,6 +30,9 @@ async def dev_env(temporal_cli: str) -> AsyncIterator[WorkflowEnvironment]:
     )
     try:
         yield env
+        # every run the suite made replays with this code (issue 35)
+        failures = await replay_every_run(env.client)
+        assert not failures, "runs that do not replay:\n" + "\n".join(failures)
     finally:
         await env.shutdown()
 

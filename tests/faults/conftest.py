@@ -20,6 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
 from tests.e2e.procs import WorkerProc
+from tests.replay_all import replay_every_run
 
 PG_BASE = os.environ.get("FORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -39,6 +40,9 @@ async def dev_env(temporal_cli: str) -> AsyncIterator[WorkflowEnvironment]:
     )
     try:
         yield env
+        # every run the suite made replays with this code (issue 35)
+        failures = await replay_every_run(env.client)
+        assert not failures, "runs that do not replay:\n" + "\n".join(failures)
     finally:
         await env.shutdown()
 

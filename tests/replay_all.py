@@ -1,0 +1,42 @@
+"""Replay every cluster workflow run a test session made, with this code.
+
+The end-to-end and fault suites run real workers against a dev server; when their
+server stops, every run of the cluster workflow it holds is fetched and replayed
+offline (``temporalio.worker.Replayer``), so a divergence that only shows on a later
+takeover fails the suite that recorded it (issue 35). Runs a worker's watchdog reset
+are left to the tests that make them (a planted determinism bug is reset on purpose,
+and the kill matrices check their own): their history ends with the reset's mark.
+"""
+
+from __future__ import annotations
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import Replayer
+
+from forge.wire import contract as c
+from forge.wire.codec import data_converter
+from workflows.cluster import ClusterWorkflow
+
+__all__ = ["replay_every_run"]
+
+
+async def replay_every_run(client: Client) -> list[str]:
+    """Each run that fails replay, as ``workflow id/run id: error``."""
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    failures: list[str] = []
+    async for wf in client.list_workflows(f"WorkflowType = '{c.WORKFLOW_TYPE}'"):
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        last = history.events[-1] if history.events else None
+        if (
+            last is not None
+            and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED
+            and last.workflow_execution_terminated_event_attributes.reason.startswith(
+                "forge watchdog:"
+            )
+        ):
+            continue
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            failures.append(f"{wf.id}/{wf.run_id}: {str(result.replay_failure)[:300]}")
+    return failures

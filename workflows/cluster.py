@@ -23,6 +23,7 @@ this module, and what the loop shows (status, details, metrics) are pure views i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
 
@@ -148,6 +149,9 @@ class ClusterWorkflow(Presentation):
                 continue
             self.due = rec.due  # and waiting for handlers: their end wakes it
             self.rings = self.alarms.rings
+            # one round for the tasks this activation resolved (the watch's result):
+            # a wake the loop could already see must not make it wait for a later task
+            await asyncio.sleep(0)
             if not self._woken():
                 # the recorded clock decided to sleep until ``wake`` (the timer's
                 # summary: the current details say why; workflows.alarms)

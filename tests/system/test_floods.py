@@ -178,13 +178,15 @@ async def test_ten_thousand_node_registrations_in_bursts(dev_env: WorkflowEnviro
         bursts = 4
         per = -(-len(signals) // bursts)
         sent = 0
-        for b in range(bursts):
-            burst = signals[b * per : (b + 1) * per]
-            await asyncio.gather(*(send(s) for s in burst))
-            sent += sum(len(s) for s in burst)
-            status = await eventually(fc, nodes_at_least(sent))
-            assert status.summary.nodes == sent
-        await poller.stop()
+        try:
+            for b in range(bursts):
+                burst = signals[b * per : (b + 1) * per]
+                await asyncio.gather(*(send(s) for s in burst))
+                sent += sum(len(s) for s in burst)
+                status = await eventually(fc, nodes_at_least(sent))
+                assert status.summary.nodes == sent
+        finally:
+            await poller.stop()  # also when the flood failed: no task outlives the test
 
         # it still plans onto them: one replica per node of a 10,000-replica job
         res = await fc.submit_job(job("wide", replicas=NODES, cpu=8000, memory=16384))
@@ -221,28 +223,30 @@ async def test_ten_thousand_updates_in_bursts(dev_env: WorkflowEnvironment) -> N
         poller = Poller(fc)
         poller.start()
         started = time.monotonic()
-        for r in range(rounds):
-            order = names[:]
-            rng.shuffle(order)
-            ops: list[Awaitable[object]] = []
-            for name in order[:170]:
-                expected[name] = rng.randrange(3)
-                ops.append(fc.submit_job(_job(name, expected[name]), wait=False))
-            pairs = order[170:210]
-            for a, b in zip(pairs[::2], pairs[1::2], strict=True):
-                expected[a], expected[b] = rng.randrange(3), rng.randrange(3)
-                ops.append(fc.submit_jobs([_job(a, expected[a]), _job(b, expected[b])]))
-            for name in order[210:]:
-                if r == 0:  # nothing to scale yet: submit instead
-                    expected[name] = 1
-                    ops.append(fc.submit_job(_job(name, 1), wait=False))
-                else:
+        try:
+            for r in range(rounds):
+                order = names[:]
+                rng.shuffle(order)
+                ops: list[Awaitable[object]] = []
+                for name in order[:170]:
                     expected[name] = rng.randrange(3)
-                    ops.append(fc.scale(name, "main", expected[name]))
-            calls += 170 + 20 + 10
-            await asyncio.gather(*ops)
-        elapsed = time.monotonic() - started
-        await poller.stop()
+                    ops.append(fc.submit_job(_job(name, expected[name]), wait=False))
+                pairs = order[170:210]
+                for a, b in zip(pairs[::2], pairs[1::2], strict=True):
+                    expected[a], expected[b] = rng.randrange(3), rng.randrange(3)
+                    ops.append(fc.submit_jobs([_job(a, expected[a]), _job(b, expected[b])]))
+                for name in order[210:]:
+                    if r == 0:  # nothing to scale yet: submit instead
+                        expected[name] = 1
+                        ops.append(fc.submit_job(_job(name, 1), wait=False))
+                    else:
+                        expected[name] = rng.randrange(3)
+                        ops.append(fc.scale(name, "main", expected[name]))
+                calls += 170 + 20 + 10
+                await asyncio.gather(*ops)
+            elapsed = time.monotonic() - started
+        finally:
+            await poller.stop()  # also when the flood failed: no task outlives the test
         assert calls == UPDATES
 
         total = sum(expected.values())

@@ -44,7 +44,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -493,10 +492,8 @@ async def main(argv: list[str] | None = None) -> int:
         print(f"BENCHMARK FAILED: {err} (logs in {work})", file=sys.stderr)
         return 1
     finally:
-        for w in env.workers if env is not None else []:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGKILL)
-                w.proc.wait()
+        if env is not None:
+            env.kill_workers()
         server.stop()
     command = "python -m bench.cli_path " + " ".join(argv if argv is not None else sys.argv[1:])
     print(report(rows, command.strip()))

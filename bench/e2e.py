@@ -372,6 +372,13 @@ class Env:
     work: Path
     workers: list[WorkerProcess] = field(default_factory=list)
 
+    def kill_workers(self) -> None:
+        """SIGKILL every worker still running: a bench's clean-up, failed or not."""
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGKILL)
+                w.proc.wait()
+
     def worker(self, queue: str, db: Path | str) -> WorkerProcess:
         """A worker on the SQLite file ``db``, or on the store URL ``db``."""
         store = f"sqlite:///{db}" if isinstance(db, Path) else db

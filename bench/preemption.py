@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import gc
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -473,10 +472,8 @@ async def e2e_main(nodes: int, replicas: int, command: str, *, keep: bool = Fals
         print(f"BENCHMARK FAILED: {err} (logs in {work})", file=sys.stderr)
         return 1
     finally:
-        for w in env.workers if env is not None else []:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGKILL)
-                w.proc.wait()
+        if env is not None:
+            env.kill_workers()
         server.stop()
     print(e2e_report(row, command))
     if row["problems"]:

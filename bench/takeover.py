@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -265,10 +264,8 @@ async def main(argv: list[str] | None = None) -> int:
         print(f"BENCHMARK FAILED: {err} (logs in {work})", file=sys.stderr)
         return 1
     finally:
-        for w in env.workers if env is not None else []:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGKILL)
-                w.proc.wait()
+        if env is not None:
+            env.kill_workers()
         server.stop()
     command = "python -m bench.takeover " + " ".join(
         [f"--size {s}" for s in (args.size or ["1000x10000"])]

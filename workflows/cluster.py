@@ -75,7 +75,7 @@ class ClusterWorkflow(Presentation):
         super().__init__(inp)
         self.intake = workflow.patched(patches.PASS_INTAKE)  # before any handler runs
         self.watch = StoreWatch()
-        self.due = False  # the last intake found continue-as-new due
+        self.continue_due = False  # the last intake found continue-as-new due
         self.alarms = Alarms()
         self.rings = 0  # the alarms rung when the loop last began to wait
         self.published = ""  # the last status published (without per-pass fields)
@@ -147,14 +147,13 @@ class ClusterWorkflow(Presentation):
             if due:
                 await self._pass(rec)
                 continue
-            self.due = rec.due  # and waiting for handlers: their end wakes it
+            self.continue_due = rec.due  # and waiting for handlers: their end wakes it
             self.rings = self.alarms.rings
             # one round for the tasks this activation resolved (the watch's result):
             # a wake the loop could already see must not make it wait for a later task
             await asyncio.sleep(0)
             if not self._woken():
-                # the recorded clock decided to sleep until ``wake`` (the timer's
-                # summary: the current details say why; workflows.alarms)
+                # the recorded clock decided to sleep until ``wake`` (workflows.alarms)
                 self.alarms.ensure(wake, workflow.now().timestamp())
                 since = workflow.now()
                 await workflow.wait_condition(self._woken)
@@ -173,7 +172,7 @@ class ClusterWorkflow(Presentation):
 
     def _handlers_done(self) -> bool:
         """Continue-as-new is due and waits for no handler any more."""
-        return self.due and workflow.all_handlers_finished()
+        return self.continue_due and workflow.all_handlers_finished()
 
     async def _past(self, since: datetime) -> None:
         """Go on only in a workflow task later than the one the loop began to wait in.

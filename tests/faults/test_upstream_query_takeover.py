@@ -1,0 +1,125 @@
+"""Documents an upstream defect (Temporal Core, temporalio 1.35): a query that
+reaches a worker which never saw the run makes the run's history fail its own
+replay. No Forge code is involved: the workflow is :mod:`tests.faults.upstream.loop`.
+
+The sequence (RELIABILITY.md, "Intakes"; sdk-rust #1146, sdk-python #1591):
+worker A holds the run in its cache and is killed with SIGKILL while the loop waits
+on a timer; a client queries the run while no workflow task is pending, so the
+server sends the query to a worker directly (A's dead sticky queue first, then the
+normal queue); the timer fires meanwhile. Worker B, which never saw the run, gets
+the query as a legacy query task whose history already holds the firing: Core runs
+that firing through the workflow code as a *live* activation, with the previous
+task's clock, and holds the commands it made. The updates then arrive in a second
+activation. A replay runs both together, updates first, so the loop plans
+differently and the replay fails with a nondeterminism error.
+
+This test asserts that the defect still reproduces. When it fails, an SDK upgrade
+fixed it: say so in RELIABILITY.md. Forge's workaround does not depend on it
+either way: the cluster loop plans only from recorded intakes, never cancels a wait
+timer and emits nothing in such a stale activation
+(``tests/faults/test_query_takeover.py`` drives the same sequence through Forge's
+loop and its history replays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
+
+from tests.e2e.procs import ROOT, eventually, start_process, stop_process
+from tests.faults.upstream.loop import Loop
+
+pytestmark = [pytest.mark.slow, pytest.mark.upstream]
+
+#: The loop's wait: the timer fires about a second after the kill, while the query
+#: waits for A's dead sticky queue to give it up (2 s); the query is sent just after
+#: the kill (the timings of ``../shared/research/temporal-query-takeover/scenario6.py``).
+WAIT_S = 1.5
+QUERY_AFTER_KILL_S = 0.1
+
+
+async def _count(handle: WorkflowHandle[Loop, None], kind: EventType.ValueType) -> int:
+    return sum([ev.event_type == kind async for ev in handle.fetch_history_events()])
+
+
+def _kill9(proc: subprocess.Popen[bytes]) -> None:
+    """The crash: SIGKILL, no shutdown (the worker starts no process of its own)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def _read(log: Path) -> str:
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+async def _polling(log: Path) -> bool:
+    return "polling" in await asyncio.to_thread(_read, log)
+
+
+async def _takeover_with_a_query(address: str, tmp: Path) -> str | None:
+    """One takeover as the module describes; returns the replay's failure, if any."""
+    client = await Client.connect(address)  # the SDK's plain converter: no Forge code
+    queue = f"upstream-{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-m", "tests.faults.upstream.worker", address, queue]
+    a = start_process(argv, tmp / "a.log", cwd=ROOT)
+    b = None
+    try:
+        await eventually(lambda: _polling(tmp / "a.log"), bool, timeout=30, what="worker A")
+        handle = await client.start_workflow(
+            Loop.run, WAIT_S, id=f"upstream-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        await eventually(
+            lambda: _count(handle, EventType.EVENT_TYPE_TIMER_STARTED),
+            bool,
+            timeout=30,
+            what="A's first task (the loop waits on its timer)",
+        )
+        b = start_process(argv, tmp / "b.log", cwd=ROOT)  # polls the normal queue
+        _kill9(a)  # SIGKILL: A dies holding the run in its cache
+        # Not synchronisation: the query must leave before the timer fires (no task is
+        # pending then, so the server sends it to A's dead sticky queue first).
+        await asyncio.sleep(QUERY_AFTER_KILL_S)
+        answered = await asyncio.wait_for(handle.query(Loop.status), 60)
+        fired = await _count(handle, EventType.EVENT_TYPE_TIMER_FIRED)
+        assert answered == 1 and fired == 1, "the race was not staged: " + str((answered, fired))
+        updates = [handle.execute_update(Loop.poke, 1) for _ in range(2)]
+        assert await asyncio.wait_for(asyncio.gather(*updates), 60) == [2, 2]
+        # the defect surfaces when the timer after the updates' pass fires
+        await eventually(
+            lambda: _count(handle, EventType.EVENT_TYPE_TIMER_FIRED),
+            lambda n: n >= 2,
+            timeout=30,
+            what="the timer after the updates' pass firing on B",
+        )
+        history = await handle.fetch_history()
+        await handle.terminate("test finished")
+    finally:
+        _kill9(a)
+        if b is not None:
+            stop_process(b)
+    replayer = Replayer(workflows=[Loop], workflow_runner=UnsandboxedWorkflowRunner())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    return None if result.replay_failure is None else str(result.replay_failure)
+
+
+async def test_a_query_during_a_takeover_makes_a_history_that_fails_its_own_replay(
+    dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    failure = await _takeover_with_a_query(address, tmp_path)
+    assert failure is not None, (
+        "the upstream query-takeover defect no longer reproduces: an SDK upgrade fixed "
+        "it; update RELIABILITY.md ('Intakes') and this test"
+    )
+    assert "nondetermin" in failure.lower(), failure

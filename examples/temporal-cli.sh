@@ -53,3 +53,6 @@ t workflow update execute -w "$WF" --name stop_job --input '{"job_id": "cli-etl"
 
 say "loop_budget (signal): the work budget of a pass (the watchdog's, after repeated deadlocks)"
 t workflow signal -w "$WF" --name loop_budget --input '{"max_work": 300000}'
+
+say "loop_reset (signal): what the watchdog tells a run it reset (counted, shown by status)"
+t workflow signal -w "$WF" --name loop_reset --input '{"from_run": "by-hand", "cause": "a test of the reset notice"}'

@@ -179,6 +179,8 @@ def status_json(
     summary["pending_truncated"] = status.pending_truncated
     summary["notices"] = list(status.notices)
     summary["preemptions"] = status.preemptions
+    summary["resets"] = status.resets
+    summary["last_reset"] = status.last_reset
     return {
         "summary": summary,
         "nodes": [
@@ -234,6 +236,10 @@ def status_text(
     lines = [status_line(cluster, status), f"last pass: {s.last_pass}"]
     if status.preemptions:
         lines.append(f"preemptions: {status.preemptions:,} replicas evicted for higher priority")
+    if status.resets:
+        from forge.wire.views import reset_text  # rare: not imported for every status
+
+        lines.append(reset_text(status.resets, status.last_reset))
     lines += [f"attention: {n}" for n in status.notices]
     if status.nodes:
         lines += ["", *_nodes_table(status, usage or {})]

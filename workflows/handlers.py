@@ -25,7 +25,17 @@ from workflows.inputs import (
     refuse,
     update_arg,
 )
-from workflows.mail import Budget, Dropped, Failed, Item, JobWrite, Mail, NodeOps, Promote
+from workflows.mail import (
+    Budget,
+    Dropped,
+    Failed,
+    Item,
+    JobWrite,
+    Mail,
+    NodeOps,
+    Promote,
+    Reset,
+)
 from workflows.queue import JobQueue
 from workflows.state import LoopState, worker_clock
 
@@ -124,11 +134,21 @@ class Handlers:
         if req is not None:
             self._post(Budget(req.max_work))
 
+    @workflow.signal(name=c.SIGNAL_LOOP_RESET)
+    def loop_reset(self, *args: Any) -> None:
+        """The watchdog reset a stuck run into this one: counted through
+        continue-as-new and shown by ``forge status`` and the Web UI's details."""
+        req = self._signal(c.SIGNAL_LOOP_RESET, c.LoopReset, args)
+        if req is not None:
+            self._post(Reset(req.from_run, req.cause))
+
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
         """A signal no handler knows (a misspelt name): recorded, never raised."""
         self._dropped(
-            name, "unknown signal (known: register_node, remove_node, node_lost, loop_budget)"
+            name,
+            "unknown signal (known: register_node, remove_node, node_lost, loop_budget, "
+            "loop_reset)",
         )
 
     def _signal(self, name: str, model: type[Payload], args: tuple[Any, ...]) -> Payload | None:
@@ -173,6 +193,12 @@ class Handlers:
         elif isinstance(item, Budget):
             st.max_work = item.max_work
             self.dirty = True
+        elif isinstance(item, Reset):
+            if item.from_run != st.last_reset_run:  # racing watchdogs report one reset
+                st.resets += 1
+                st.last_reset = item.cause[:300]
+                st.last_reset_run = item.from_run
+                self.dirty = True
         else:
             st.signals_dropped += 1
             st.last_dropped = f"{item.name}: {item.problem}"[:300]

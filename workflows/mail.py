@@ -26,7 +26,17 @@ with workflow.unsafe.imports_passed_through():
     from forge.core.models import Job
     from forge.wire import contract as c
 
-__all__ = ["Budget", "Dropped", "Failed", "Item", "JobWrite", "Mail", "NodeOps", "Promote"]
+__all__ = [
+    "Budget",
+    "Dropped",
+    "Failed",
+    "Item",
+    "JobWrite",
+    "Mail",
+    "NodeOps",
+    "Promote",
+    "Reset",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,14 @@ class Budget:
 
 
 @dataclass(frozen=True, slots=True)
+class Reset:
+    """The watchdog's report that this run is a reset of ``from_run``."""
+
+    from_run: str
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
 class Dropped:
     """A signal that could not be used (shown by the next pass's status)."""
 
@@ -75,7 +93,7 @@ class Dropped:
     problem: str
 
 
-Item = JobWrite | NodeOps | Failed | Promote | Budget | Dropped
+Item = JobWrite | NodeOps | Failed | Promote | Budget | Reset | Dropped
 
 
 class Mail:

@@ -53,6 +53,8 @@ class Presentation(Handlers):
             state_digest=f"{st.state_after(plan):016x}",
             preemptions=preemptions,
             recent_preemptions=recent,
+            resets=st.resets,
+            last_reset=st.last_reset,
         )
         if plan.rollouts is not None and plan.rollouts.rollouts:
             doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
@@ -79,6 +81,8 @@ class Presentation(Handlers):
             last_pass=st.last_pass,
             notices=st.notices(),
             preemptions=st.preemptions,
+            resets=st.resets,
+            last_reset=st.last_reset,
         )
         if st.rollouts:  # rolling updates: each group's target version and why it waits
             text += "\n\nRollouts:\n" + "\n".join(

@@ -95,6 +95,11 @@ class LoopState:
     # replicas preempted so far, and the most recent preemptions (status, explain)
     preemptions: int = 0
     recent_preemptions: list[c.PreemptionView] = field(default_factory=list)
+    # runs the watchdog reset (its loop_reset signal), the last one's cause and the
+    # run it left (a second report of that reset counts once)
+    resets: int = 0
+    last_reset: str = ""
+    last_reset_run: str = ""
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -123,6 +128,9 @@ class LoopState:
             preemptions=cp.preemptions,
             recent_preemptions=list(cp.recent_preemptions),
             pass_budget=cp.pass_budget,
+            resets=cp.resets,
+            last_reset=cp.last_reset,
+            last_reset_run=cp.last_reset_run,
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -151,6 +159,9 @@ class LoopState:
             preemptions=self.preemptions,
             recent_preemptions=self.recent_preemptions,
             pass_budget=self.pass_budget,
+            resets=self.resets,
+            last_reset=self.last_reset,
+            last_reset_run=self.last_reset_run,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:

@@ -57,8 +57,9 @@ def task_failing(err: RPCError) -> bool:
 
 
 #: What Temporal says (NOT_FOUND) to an update in flight when the run it reached ends
-#: under it: a watchdog's reset terminated it, or it continued as new.
-RUN_ENDED = "workflow execution already completed"
+#: under it: a watchdog's reset terminated it, or it continued as new. The second is
+#: what an update gets that a stuck run never accepted when the run is reset.
+RUN_ENDED = ("workflow execution already completed", "update was aborted by closing workflow")
 
 
 def run_ended(err: RPCError) -> bool:
@@ -69,7 +70,8 @@ def run_ended(err: RPCError) -> bool:
     did take is harmless, and one it did not take is not lost."""
     from temporalio.service import RPCStatusCode
 
-    return err.status == RPCStatusCode.NOT_FOUND and RUN_ENDED in str(err).lower()
+    text = str(err).lower()
+    return err.status == RPCStatusCode.NOT_FOUND and any(mark in text for mark in RUN_ENDED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,8 @@ def status(
         pending_truncated=doc.pending_truncated if doc is not None else 0,
         notices=doc.notices if doc is not None else [],
         preemptions=doc.preemptions if doc is not None else 0,
+        resets=doc.resets if doc is not None else 0,
+        last_reset=doc.last_reset if doc is not None else "",
     )
 
 

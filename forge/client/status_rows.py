@@ -114,6 +114,8 @@ class Rows:
     pending_truncated: int
     notices: list[str]
     preemptions: int
+    resets: int = 0
+    last_reset: str = ""
     assignments: list[Binding] = field(default_factory=list)
 
 
@@ -225,6 +227,8 @@ def _read(conn: sqlite3.Connection, cluster: str, with_bindings: bool) -> Rows |
         pending_truncated=int(doc.get("pending_truncated", 0)),
         notices=list(doc.get("notices", [])),
         preemptions=int(doc.get("preemptions", 0)),
+        resets=int(doc.get("resets", 0)),
+        last_reset=str(doc.get("last_reset", "")),
         assignments=found,
     )
 

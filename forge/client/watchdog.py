@@ -229,7 +229,8 @@ MIN_BUDGET = 20_000
 async def recover(client: Client, stuck: Stuck, budget: int | None = None) -> str | None:
     """Reset a run stuck on nondeterminism, or on a deadlock that repeats, to its
     first completed workflow task; returns the new run id (None when there is
-    nothing safe to do). After a deadlock the new run is sent ``budget`` (the
+    nothing safe to do). The new run is told it is a reset (the ``loop_reset``
+    signal: it counts and shows them) and, after a deadlock, sent ``budget`` (the
     ``loop_budget`` signal). Workers that race to reset the same run send the same
     request id, so only one reset happens."""
     if stuck.reset_to is None:
@@ -248,8 +249,12 @@ async def recover(client: Client, stuck: Stuck, budget: int | None = None) -> st
             request_id=f"forge-watchdog-{stuck.run_id}-{stuck.reset_to}",
         )
     )
+    handle = client.get_workflow_handle(stuck.workflow_id, run_id=resp.run_id)
+    # counted and shown by the new run (status, the Web UI's details): a reset must
+    # not be visible only in a worker's log
+    cause = f"{stuck.cause} in run {stuck.run_id}: {stuck.message[:200]}"
+    await handle.signal(c.SIGNAL_LOOP_RESET, {"from_run": stuck.run_id, "cause": cause})
     if deadlock and budget is not None:
-        handle = client.get_workflow_handle(stuck.workflow_id, run_id=resp.run_id)
         await handle.signal(c.SIGNAL_LOOP_BUDGET, {"max_work": max(MIN_BUDGET, budget)})
     return str(resp.run_id)
 

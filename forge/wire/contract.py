@@ -52,6 +52,7 @@ __all__ = [
     "SA_NODES",
     "SA_PENDING",
     "SIGNAL_LOOP_BUDGET",
+    "SIGNAL_LOOP_RESET",
     "SIGNAL_NODE_LOST",
     "SIGNAL_REGISTER_NODE",
     "SIGNAL_REMOVE_NODE",
@@ -76,6 +77,7 @@ __all__ = [
     "GpuView",
     "JobResult",
     "LoopBudget",
+    "LoopReset",
     "LoopStatus",
     "LostOp",
     "NodeOp",
@@ -109,6 +111,8 @@ SIGNAL_REMOVE_NODE = "remove_node"
 SIGNAL_NODE_LOST = "node_lost"
 #: The watchdog's: plan passes with a smaller work budget (after repeated deadlocks).
 SIGNAL_LOOP_BUDGET = "loop_budget"
+#: The watchdog's: this run is a reset of a stuck one (counted, shown by status).
+SIGNAL_LOOP_RESET = "loop_reset"
 
 UPDATE_SUBMIT_JOB = "submit_job"
 UPDATE_SUBMIT_JOBS = "submit_jobs"
@@ -218,8 +222,21 @@ class Checkpoint(_Msg):
     recent_preemptions: list[PreemptionView] = Field(default_factory=list)
     #: the pass budget the last run's timings led to (forge.core.budget; 0: default)
     pass_budget: int = 0
+    #: runs the watchdog reset so far, the last one's cause, and the run it left
+    resets: int = 0
+    last_reset: str = ""
+    last_reset_run: str = ""
 
-    _omit = omit_defaults("health", "max_work", "preemptions", "recent_preemptions", "pass_budget")
+    _omit = omit_defaults(
+        "health",
+        "max_work",
+        "preemptions",
+        "recent_preemptions",
+        "pass_budget",
+        "resets",
+        "last_reset",
+        "last_reset_run",
+    )
 
 
 class ClusterInput(_Msg):
@@ -244,6 +261,14 @@ class LoopBudget(_Msg):
     the runs it continues as."""
 
     max_work: int = Field(ge=10_000, le=100_000_000)
+
+
+class LoopReset(_Msg):
+    """The watchdog reset a stuck run into this one: which run it left and why. A
+    second report of the same reset (two workers raced to make it) counts once."""
+
+    from_run: str = Field(min_length=1, max_length=100)
+    cause: str = Field(max_length=300)
 
 
 # -- node operations: what the signals and drain_node ask of the next pass --------------

@@ -123,6 +123,8 @@ class StatusView(_Msg):
         default_factory=list, description="what needs an operator (a stuck run, dropped input)"
     )
     preemptions: int = Field(default=0, description="replicas preempted since the start")
+    resets: int = Field(default=0, description="runs the workers' watchdog reset (stuck)")
+    last_reset: str = Field(default="", description="why the last reset happened")
 
 
 class RolloutView(_Msg):
@@ -169,8 +171,12 @@ class LoopStatus(_Msg):
     recent_preemptions: list[PreemptionView] = Field(
         default_factory=list, description="the most recent preemptions, oldest first"
     )
+    resets: int = Field(
+        default=0, description="runs the workers' watchdog reset since the cluster started"
+    )
+    last_reset: str = Field(default="", description="the last reset's cause")
 
-    _omit = omit_defaults("rollouts", "preemptions", "recent_preemptions")
+    _omit = omit_defaults("rollouts", "preemptions", "recent_preemptions", "resets", "last_reset")
 
 
 class AssignmentsQuery(_Msg):

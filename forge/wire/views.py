@@ -161,6 +161,8 @@ def loop_status(
     state_digest: str = "",
     preemptions: int = 0,
     recent_preemptions: Sequence[c.PreemptionView] = (),
+    resets: int = 0,
+    last_reset: str = "",
 ) -> c.LoopStatus:
     views, truncated = pending_views(pending)
     return c.LoopStatus(
@@ -173,6 +175,8 @@ def loop_status(
         state_digest=state_digest,
         preemptions=preemptions,
         recent_preemptions=list(recent_preemptions),
+        resets=resets,
+        last_reset=last_reset,
     )
 
 
@@ -360,6 +364,8 @@ def details(
     last_pass: str,
     notices: Iterable[str] = (),
     preemptions: int = 0,
+    resets: int = 0,
+    last_reset: str = "",
 ) -> str:
     """The workflow's current details (Markdown, shown by the Web UI): what an
     operator looking at the run wants first, without a query."""
@@ -376,11 +382,18 @@ def details(
     ]
     if preemptions:
         lines.append(f"- preemptions: {preemptions} replicas evicted for higher-priority work")
+    if resets:
+        lines.append(f"- {reset_text(resets, last_reset)}")
     lines.extend(f"- **{n}**" for n in notices)
     if reasons:
         lines.append("- pending because:")
         lines.extend(f"  - {n} x {r}" for r, n in reasons)
     return "\n".join(lines)
+
+
+def reset_text(resets: int, last_reset: str) -> str:
+    """How ``forge status`` and the details say the watchdog reset the loop."""
+    return f"resets: {resets:,} by the workers' watchdog; last: {last_reset or '?'}"
 
 
 def _verdict(rejection: Rejection | None) -> str:

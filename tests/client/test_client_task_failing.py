@@ -96,15 +96,22 @@ async def test_another_failed_precondition_is_not_retried() -> None:
     assert fake.calls == 1
 
 
-#: What Temporal answers an update in flight when its run ends under it.
-RUN_ENDED = "workflow execution already completed"
-
-
-async def test_an_update_whose_run_ended_under_it_is_sent_to_the_new_run() -> None:
+@pytest.mark.parametrize(
+    "message",
+    [
+        # an update the run had accepted, or not yet received, when it ended
+        "workflow execution already completed",
+        # one a stuck run never accepted, when the watchdog reset it (seen in
+        # tests/faults/test_watchdog.py: the user's scale was lost)
+        "workflow update was aborted by closing workflow",
+    ],
+    ids=["completed", "aborted"],
+)
+async def test_an_update_whose_run_ended_under_it_is_sent_to_the_new_run(message: str) -> None:
     """A watchdog's reset (or a continue-as-new) ended the run the update reached:
     the CLI said "cluster is not running" and the user's change was never made (seen
     in bench/takeover.py). Every update may be applied twice, so it is sent again."""
-    fake = _Refusing(times=2, status=RPCStatusCode.NOT_FOUND, message=RUN_ENDED)
+    fake = _Refusing(times=2, status=RPCStatusCode.NOT_FOUND, message=message)
     results = await _client(fake, running=True).submit_jobs([harness_job("web")])
     assert [r.job_id for r in results] == ["web"] and fake.calls == 3
 

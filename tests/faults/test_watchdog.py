@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -105,10 +106,12 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
 ) -> None:
     client = dev_env.client
     queue, store, fc = _fresh_cluster(client)
-    # 1. the buggy worker serves the run: the live-only timer enters its history
+    # 1. the buggy worker serves the run: the live-only timer enters its history;
+    # the user's changes are acknowledged (a submit, then a scale)
     async with _worker(client, queue, store, TimerOnlyWhenLive):
         await fc.register_nodes([node("a"), node("b")])
-        await fc.submit_job(job("web", replicas=4, cpu=1000))
+        await fc.submit_job(job("web", replicas=3, cpu=1000))
+        assert (await fc.scale("web", "main", 4)).desired == 4
         first_run = (await fc.handle().describe()).run_id
         assert first_run is not None
         timers = [
@@ -131,11 +134,21 @@ async def test_the_watchdog_resets_a_run_stuck_on_nondeterminism_and_it_converge
         assert stuck.run_id == first_run and stuck.reset_to is not None
         status = await fc.status()
         assert any("stuck since" in n and "nondeterminism" in n for n in status.notices)
+        assert status.resets == 0
+        # a user's change sent while the run is stuck: it cannot be accepted by this
+        # run, and must land on the reset one (the client sends it again)
+        scaled = asyncio.create_task(fc.scale("web", "main", 5))
 
         # 3. the watchdog (as worker.py runs it) resets the run; the loop converges
-        new_run, status = await _reset_by_watchdog(client, queue, fc, first_run)
-        assert status.summary.pending == 0
+        new_run, status = await _reset_by_watchdog(client, queue, fc, first_run, bound=5)
+        assert (await asyncio.wait_for(scaled, 60)).desired == 5
+        assert status.summary.pending == 0 and status.summary.desired == 5
         assert_store_is_the_workflows(store, fc.cluster)
+        # the reset is visible: status (its count and cause) and the Web UI's details
+        assert status.resets == 1 and "nondeterminism" in status.last_reset, status
+        assert first_run in status.last_reset
+        text = await _details(client, fc.workflow_id)
+        assert "resets: 1 by the workers' watchdog" in text, text
         started = time.monotonic()
         await fc.submit_job(job("db", replicas=1, cpu=500))  # the loop is alive
         assert time.monotonic() - started < 30
@@ -149,10 +162,12 @@ async def _reset_by_watchdog(
     fc: ForgeClient,
     first_run: str | None,
     replay: watchdog.Replay | None = None,
+    *,
+    bound: int = 4,
 ) -> tuple[str | None, StatusView]:
     """Run the watchdog (as worker.py runs it, with ``replay`` or without) until it
-    has reset the run: the new run, and the status once the cluster (3 nodes, 4
-    replicas, the signal reapplied) has converged on it."""
+    has reset the run: the new run, and the status once the cluster (3 nodes,
+    ``bound`` replicas, the signal reapplied) has converged on it."""
     stop = asyncio.Event()
     guard = asyncio.create_task(watchdog.watch(client, queue, period=0.2, stop=stop, replay=replay))
     try:
@@ -161,7 +176,7 @@ async def _reset_by_watchdog(
         )
         status = await eventually(
             fc.status,
-            lambda s: s.summary.nodes == 3 and s.summary.bound == 4 and not s.notices,
+            lambda s: s.summary.nodes == 3 and s.summary.bound == bound and not s.notices,
             timeout=60,
             what="convergence after the reset (the signal reapplied)",
         )
@@ -173,6 +188,15 @@ async def _reset_by_watchdog(
 
 async def _run_id(fc: ForgeClient) -> str | None:
     return (await fc.handle().describe()).run_id
+
+
+async def _details(client: Client, workflow_id: str) -> str:
+    """The run's current details, as the Web UI reads them (the SDK's built-in
+    metadata query)."""
+    meta = await client.get_workflow_handle(workflow_id).query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    return meta.current_details
 
 
 @workflow.defn(name=c.WORKFLOW_TYPE, sandboxed=False)

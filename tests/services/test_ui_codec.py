@@ -185,7 +185,7 @@ def test_the_temporal_cli_example_sends_every_signal_and_update(dev: Dev) -> Non
     assert re.search(r"Result +map\[promoted:\[cli-web/web\]\]", out), out  # the canary
     status = json.loads(out.split("QueryResult", 1)[1].splitlines()[0])
     assert {"cli-node-1", "cli-node-2"} <= {n["id"] for n in status["nodes"]}
-    assert out.count("Signal workflow succeeded") == 4
+    assert out.count("Signal workflow succeeded") == 5
 
 
 def test_readme_documents_every_signal_and_update_with_a_command_the_script_runs() -> None:

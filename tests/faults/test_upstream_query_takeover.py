@@ -13,7 +13,11 @@ task's clock, and holds the commands it made. The updates then arrive in a secon
 activation. A replay runs both together, updates first, so the loop plans
 differently and the replay fails with a nondeterminism error.
 
-This test asserts that the defect still reproduces. When it fails, an SDK upgrade
+The race needs the timer to fire while the dead worker's sticky queue still holds
+the run, which a loaded machine does not always give: each attempt checks from the
+history that it was staged (the firing's task timed out on A's sticky queue) and
+the test tries again, up to :data:`ATTEMPTS` times, until one staged takeover
+fails its replay. This test asserts that the defect still reproduces. When it fails, an SDK upgrade
 fixed it: say so in RELIABILITY.md. Forge's workaround does not depend on it
 either way: the cluster loop plans only from recorded intakes, never cancels a wait
 timer and emits nothing in such a stale activation
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
@@ -46,6 +50,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 #: the kill (the timings of ``../shared/research/temporal-query-takeover/scenario6.py``).
 WAIT_S = 1.5
 QUERY_AFTER_KILL_S = 0.1
+#: Takeovers tried before the test decides; one that reproduces ends it.
+ATTEMPTS = 5
 
 
 async def _count(handle: WorkflowHandle[Loop, None], kind: EventType.ValueType) -> int:
@@ -67,8 +73,25 @@ async def _polling(log: Path) -> bool:
     return "polling" in await asyncio.to_thread(_read, log)
 
 
-async def _takeover_with_a_query(address: str, tmp: Path) -> str | None:
-    """One takeover as the module describes; returns the replay's failure, if any."""
+def _staged(history: WorkflowHistory) -> bool:
+    """Whether the first timer's firing went to A's dead sticky queue and timed out
+    there before another task completed: the shape in which B answers the query from
+    a history holding the firing. When A still handled the firing, or the firing came
+    after B had taken over, the takeover is ordinary and replays clean."""
+    events = [ev.event_type for ev in history.events]
+    if EventType.EVENT_TYPE_TIMER_FIRED not in events:
+        return False
+    after = events[events.index(EventType.EVENT_TYPE_TIMER_FIRED) :]
+    timed_out = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+    completed = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    return timed_out in after and (
+        completed not in after or after.index(timed_out) < after.index(completed)
+    )
+
+
+async def _takeover_with_a_query(address: str, tmp: Path) -> tuple[bool, str | None]:
+    """One takeover as the module describes; returns whether the race was staged and
+    the replay's failure, if any."""
     client = await Client.connect(address)  # the SDK's plain converter: no Forge code
     queue = f"upstream-{uuid.uuid4().hex[:8]}"
     argv = [sys.executable, "-m", "tests.faults.upstream.worker", address, queue]
@@ -91,8 +114,7 @@ async def _takeover_with_a_query(address: str, tmp: Path) -> str | None:
         # pending then, so the server sends it to A's dead sticky queue first).
         await asyncio.sleep(QUERY_AFTER_KILL_S)
         answered = await asyncio.wait_for(handle.query(Loop.status), 60)
-        fired = await _count(handle, EventType.EVENT_TYPE_TIMER_FIRED)
-        assert answered == 1 and fired == 1, "the race was not staged: " + str((answered, fired))
+        assert answered == 1, f"the query saw {answered} passes, not the first timer's one"
         updates = [handle.execute_update(Loop.poke, 1) for _ in range(2)]
         assert await asyncio.wait_for(asyncio.gather(*updates), 60) == [2, 2]
         # the defect surfaces when the timer after the updates' pass fires
@@ -110,16 +132,26 @@ async def _takeover_with_a_query(address: str, tmp: Path) -> str | None:
             stop_process(b)
     replayer = Replayer(workflows=[Loop], workflow_runner=UnsandboxedWorkflowRunner())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    return None if result.replay_failure is None else str(result.replay_failure)
+    failure = None if result.replay_failure is None else str(result.replay_failure)
+    return _staged(history), failure
 
 
 async def test_a_query_during_a_takeover_makes_a_history_that_fails_its_own_replay(
     dev_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     address = dev_env.client.service_client.config.target_host
-    failure = await _takeover_with_a_query(address, tmp_path)
-    assert failure is not None, (
-        "the upstream query-takeover defect no longer reproduces: an SDK upgrade fixed "
-        "it; update RELIABILITY.md ('Intakes') and this test"
+    staged = 0
+    for attempt in range(ATTEMPTS):
+        logs = tmp_path / f"attempt-{attempt}"
+        logs.mkdir()
+        was_staged, failure = await _takeover_with_a_query(address, logs)
+        if failure is not None:
+            assert "nondetermin" in failure.lower(), failure
+            return
+        staged += was_staged
+    assert staged, f"none of {ATTEMPTS} takeovers staged the race (the timings need a look)"
+    pytest.fail(
+        f"the upstream query-takeover defect no longer reproduces ({staged} of {ATTEMPTS} "
+        "takeovers staged it and replayed clean): an SDK upgrade fixed it; update "
+        "RELIABILITY.md ('Intakes') and this test"
     )
-    assert "nondetermin" in failure.lower(), failure

@@ -41,6 +41,7 @@ from workflows.state import LoopState, worker_clock
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import MAX_BATCH_BYTES, Job, NodeState, workload_id
+    from forge.core.taskenv import reserved_env
     from forge.wire import contract as c
     from forge.wire import views
 
@@ -253,6 +254,7 @@ class Handlers:
         # Jobs may arrive before any node: they wait, pending, with reasons.
         if not req.job.groups:
             raise refuse("job has no groups")
+        _refuse_reserved_env([req.job])
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
     async def submit_jobs(self, raw: RawValue) -> list[c.JobResult]:
@@ -300,6 +302,7 @@ class Handlers:
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise refuse(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
+        _refuse_reserved_env(req.jobs)
         info = workflow.current_update_info()
         if info is not None:  # accepted: the handler reuses both, no second parse
             self._validated[info.id] = (req, sizes)
@@ -547,3 +550,14 @@ class Handlers:
             last_pass_at=st.last_pass_at,
             last_pass=st.last_pass,
         )
+
+
+def _refuse_reserved_env(jobs: Sequence[Job]) -> None:
+    """Refuse a job whose task sets a variable Forge sets (``CUDA_VISIBLE_DEVICES``,
+    ...): checked here, for every client, and not in the model, which must still
+    load a job stored before the rule."""
+    for job in jobs:
+        problems = reserved_env(job)
+        if problems:
+            where, why = problems[0]
+            raise refuse(f"job {job.id}: {where}: {why}")

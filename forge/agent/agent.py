@@ -37,6 +37,7 @@ from forge.agent.state import StateFile
 from forge.agent.supervisor import Event, Supervisor
 from forge.agent.usage import UsageSampler
 from forge.core.models import Assignment, HealthCheck, Job, Node, NodeState, TaskGroup
+from forge.core.taskenv import split_devices
 from forge.stores.base import AgentStore, TaskReport
 
 __all__ = ["Agent", "ReplicaView", "find_node"]
@@ -73,7 +74,7 @@ class Agent:
         self.node = config.node
         self._register = register
         self._clock = clock
-        self.supervisor = Supervisor(config.data_dir, config.node.id)
+        self.supervisor = Supervisor(config.data_dir, config.node.id, config.gpu_uuids)
         self.reporter = Reporter(lambda batch: store.report(config.cluster, batch))
         self.sampler = UsageSampler()
         self.state = StateFile(config.data_dir / "agent-state.json")
@@ -220,7 +221,8 @@ class Agent:
             self._forget_checks(wid)
             self._checks[wid] = _checks_of(group)
             self._versions[wid] = a.version
-            event = sup.start(wid, group, a.cpu, a.memory)
+            devices = split_devices(group, a.gpu_ids, a.gpu_milli)
+            event = sup.start(wid, group, a.cpu, a.memory, devices)
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
 

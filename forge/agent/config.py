@@ -27,6 +27,7 @@ __all__ = [
     "LOGS_LABEL",
     "AgentConfig",
     "AgentConfigError",
+    "DetectedGpu",
     "build_config",
     "detect_gpus",
     "detect_node",
@@ -56,6 +57,10 @@ class AgentConfig:
     token: str = field(default="", repr=False)
     log_max_bytes: int = 1 << 20
     log_keep: int = 2
+    #: Registered GPU id -> the device's UUID, for the GPUs nvidia-smi listed.
+    gpu_uuids: dict[str, str] = field(default_factory=dict)
+    #: Start-up lines on where the node's GPUs came from.
+    notes: tuple[str, ...] = ()
 
     @property
     def loopback(self) -> bool:
@@ -66,29 +71,74 @@ class AgentConfig:
             return False
 
 
-def detect_gpus() -> list[tuple[str, int]]:
-    """``(model, memory MiB)`` per GPU from ``nvidia-smi``; none without it."""
+@dataclass(frozen=True)
+class DetectedGpu:
+    """One device as ``nvidia-smi`` lists it: its index (PCI bus order), UUID,
+    model and memory."""
+
+    index: int
+    uuid: str
+    model: str
+    memory: int  # MiB
+
+
+#: ``nvidia-smi``'s CSV columns, in this order (the same fields NVML gives).
+GPU_QUERY = "index,uuid,name,memory.total"
+
+
+def detect_gpus() -> tuple[list[DetectedGpu], str]:
+    """The machine's GPUs from ``nvidia-smi``'s CSV, and why none when there are
+    none (a start-up line, never a crash)."""
     if shutil.which("nvidia-smi") is None:
-        return []
+        return [], "no nvidia-smi on PATH"
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+    except (OSError, subprocess.SubprocessError) as err:
+        return [], f"nvidia-smi failed: {err}"
     gpus = []
     for line in out.splitlines():
-        name, _, mem = line.rpartition(",")
-        model = "-".join(name.strip().split()).replace("NVIDIA-", "")[:63] or "gpu"
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 4:
+            continue
+        index, uuid, mem = fields[0], fields[1], fields[-1]
+        name = ",".join(fields[2:-1])
+        model = "-".join(name.split()).replace("NVIDIA-", "")[:63] or "gpu"
         try:
-            gpus.append((model, int(float(mem))))
+            gpus.append(DetectedGpu(int(index), uuid, model, int(float(mem))))
         except ValueError:
             continue
-    return gpus
+    gpus.sort(key=lambda g: g.index)
+    return gpus, "" if gpus else "nvidia-smi lists no GPU"
+
+
+def _choose_gpus(
+    declared: Sequence[tuple[str, int]] | None, detected: list[DetectedGpu], why: str
+) -> tuple[list[tuple[str, int]], dict[str, str], tuple[str, ...]]:
+    """The GPUs to register (``gpu<index>``, as ``forge node add`` names them),
+    each registered id's UUID, and the start-up lines that say where they came
+    from. What the machine reports wins over a declaration that contradicts it."""
+    found = [(g.model, g.memory) for g in detected]
+    uuids = {f"gpu{i}": g.uuid for i, g in enumerate(detected) if g.uuid}
+    if declared is None:
+        if not detected:
+            return [], {}, (f"no GPUs detected ({why}); declare them with --gpu MODEL:MiB",)
+        return found, uuids, (f"{len(found)} GPU detected by nvidia-smi",)
+    if not detected:
+        return list(declared), {}, (f"{len(declared)} GPU as declared ({why})",)
+    if list(declared) != found:
+        shown = ", ".join(f"{m}:{mib}" for m, mib in found)
+        return (
+            found,
+            uuids,
+            (f"--gpu contradicts nvidia-smi; registering what it reports: {shown}",),
+        )
+    return found, uuids, (f"{len(found)} GPU as declared, confirmed by nvidia-smi",)
 
 
 def detect_node(node_id: str) -> tuple[int, int]:
@@ -116,7 +166,8 @@ def build_config(
 
     ``gpus`` and ``labels`` as :func:`forge.params.gpu` and :func:`forge.params.label`
     parse ``--gpu`` and ``--label`` (``forge agent`` declares them with the same
-    types as ``forge node add``); ``gpus=None`` detects them with ``nvidia-smi``."""
+    types as ``forge node add``); ``gpus=None`` detects them with ``nvidia-smi``, and
+    what ``nvidia-smi`` lists wins over declared GPUs that contradict it."""
     if not is_valid_name(node_id):
         raise AgentConfigError(f"--node-id {node_id!r}: 1-63 of [A-Za-z0-9._-]")
     for name, value in (("--poll", poll), ("--heartbeat-every", heartbeat_every)):
@@ -126,7 +177,7 @@ def build_config(
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise AgentConfigError(f"--logs-address {logs_address!r}: use HOST:PORT")
     detected_cpu, detected_memory = detect_node(node_id)
-    pairs = list(gpus) if gpus is not None else detect_gpus()
+    pairs, uuids, notes = _choose_gpus(gpus, *detect_gpus())
     config = AgentConfig(
         node=Node(id=node_id, cpu=1, memory=1),  # replaced below, once validated
         data_dir=data_dir,
@@ -137,6 +188,8 @@ def build_config(
         usage_every=usage_every,
         logs_address=logs_address,
         token=token,
+        gpu_uuids=uuids,
+        notes=notes,
     )
     if not config.loopback and not token:
         config = replace(config, token=secrets.token_urlsafe(24))

@@ -77,6 +77,8 @@ def run_agent(
     print(f", {len(node.gpus)} GPU)" if node.gpus else ")", f"cluster {config.cluster}")
     print(f"forge agent: logs and replicas at http://{server.address}/v1/", end="")
     print("" if config.loopback else " (token required)")
+    for note in config.notes:
+        print(f"forge agent: {note}")
     print(f"forge agent: {limits_notice()}", flush=True)
     if ready is not None:
         ready(server.address)

@@ -17,12 +17,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.agent.logfiles import log_path
 from forge.agent.state import ProcessRecord, alive
 from forge.core.models import STOP_GRACE, TaskGroup
+from forge.core.taskenv import TaskDevices, device_env
 
 __all__ = ["Event", "Replica", "Supervisor", "TaskProc"]
 
@@ -104,16 +106,28 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 class Supervisor:
-    def __init__(self, data_dir: Path, node: str) -> None:
+    def __init__(
+        self, data_dir: Path, node: str, gpu_uuids: Mapping[str, str] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.node = node
+        #: Registered device id -> the UUID detected for it (what CUDA reads).
+        self.gpu_uuids = dict(gpu_uuids or {})
         self.replicas: dict[str, Replica] = {}
 
     # -- starting -----------------------------------------------------------------
-    def start(self, workload_id: str, group: TaskGroup, cpu: int, memory: int) -> Event:
+    def start(
+        self,
+        workload_id: str,
+        group: TaskGroup,
+        cpu: int,
+        memory: int,
+        devices: Mapping[str, TaskDevices] | None = None,
+    ) -> Event:
         """Start every task of a replica; a task that cannot start (no such
         command) fails the replica with the OS error, and its started siblings
-        are stopped."""
+        are stopped. ``devices`` (:func:`forge.core.taskenv.split_devices`) are each
+        task's GPUs: a task left out sees none."""
         taken = {p for r in self.replicas.values() for p in r.ports.values()}
         replica = Replica(
             workload_id,
@@ -131,9 +145,11 @@ class Supervisor:
             log.parent.mkdir(parents=True, exist_ok=True)
             workdir = self.data_dir / "work" / workload_id / task.name
             workdir.mkdir(parents=True, exist_ok=True)
+            granted = (devices or {}).get(task.name, TaskDevices())
             env = {
                 **os.environ,
                 **task.env,
+                **device_env(granted, self.gpu_uuids),
                 "FORGE_WORKLOAD_ID": workload_id,
                 "FORGE_TASK": task.name,
                 "FORGE_NODE": self.node,

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from forge.core.models import Job, Node
+from forge.core.taskenv import reserved_env
 from forge.loaders.alibaba import GPU_MEMORY_MIB
 from forge.loaders.errors import (
     InputError,
@@ -224,8 +225,10 @@ def _validate_items(
     label_key: str,
     id_attr: str,
     expand: Callable[[dict[str, Any]], dict[str, Any]],
+    check: Callable[[_M], list[tuple[str, str]]] = lambda _: [],
 ) -> list[_M]:
-    """Validate every item, gathering all problems (and duplicate ids) into one error."""
+    """Validate every item, gathering all problems (and duplicate ids) into one error;
+    ``check`` adds the ``(field, message)`` problems of a valid item."""
     errors = _Errors(source)
     results: list[_M] = []
     first: dict[str, str] = {}
@@ -247,6 +250,11 @@ def _validate_items(
             for loc, msg in _describe(e):
                 if not (derived and loc == (id_attr,)):
                     errors.add(label, _dotted(loc), msg)
+            continue
+        problems = check(value)
+        for where, msg in problems:
+            errors.add(label, where, msg)
+        if problems:
             continue
         key = str(getattr(value, id_attr))
         if key in first:
@@ -304,7 +312,7 @@ def _expand_gpu_shorthand(node: dict[str, Any]) -> dict[str, Any]:
 def job_documents(text: str, fmt: str, source: str) -> list[Job]:
     """The jobs of YAML or JSON text; job ids must be unique within it."""
     items, many = _job_items(_documents(text, fmt, source), source)
-    return _validate_items(items, many, source, Job, "job", "name", "id", lambda d: d)
+    return _validate_items(items, many, source, Job, "job", "name", "id", lambda d: d, reserved_env)
 
 
 def node_documents(text: str, fmt: str, source: str) -> list[Node]:

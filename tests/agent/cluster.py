@@ -13,7 +13,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,12 +59,14 @@ class AgentCluster:
         )
         self.workers.append(self.worker)
 
-    def start_agent(self, node: str, *flags: str) -> None:
+    def start_agent(self, node: str, *flags: str, env: Mapping[str, str] | None = None) -> None:
+        """A ``forge agent`` for ``node``; ``env`` adds to its environment (a PATH
+        with a fake ``nvidia-smi``)."""
         self.agents[node] = start_process(
             [sys.executable, "-m", "forge", "agent", "--node-id", node, "--memory", "4096",
              "--data-dir", str(self.tmp / f"agent-{node}"),
              "--poll", "0.2", "--heartbeat-every", "0.5", *self.agent_flags, *flags],
-            self.tmp / f"agent-{node}.log", cwd=ROOT, env={**os.environ, **self.env},
+            self.tmp / f"agent-{node}.log", cwd=ROOT, env={**os.environ, **self.env, **(env or {})},
         )  # fmt: skip
 
     def http_ports(self, bindings: Iterable[Assignment]) -> dict[str, int]:

@@ -407,6 +407,18 @@ def test_an_update_policy_that_cannot_work_is_refused_naming_the_field(
     assert names in err
 
 
+@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "FORGE_GPU_MILLI", "FORGE_PORT_HTTP"])
+def test_a_task_setting_a_variable_forge_sets_is_refused_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["groups"][0]["tasks"][0]["env"] = {"PORT": "8080", name: "0"}
+    file = write(tmp_path / "spec", doc, "yaml")
+    code, out, err = forge(capsys, "job", "validate", str(file))
+    assert (code, out) == (2, ""), err
+    assert f"groups.0.tasks.0.env.{name}: {name} is set by Forge" in err
+
+
 @settings(_cli_settings, max_examples=12)
 @given(bad=oversized_fields())
 def test_job_validate_refuses_oversized_fields_naming_the_limit(
@@ -752,6 +764,29 @@ async def test_raw_size_and_batch_violations_are_refused(
         )
     text = failure_text(raised.value)
     assert "jobs" in text and f"{c.MAX_JOBS_PER_UPDATE}" in text
+    await assert_untouched(fc, store, before)
+
+
+async def test_raw_jobs_setting_a_variable_forge_sets_are_refused(
+    live: tuple[ForgeClient, Store],
+) -> None:
+    """What a plain-JSON client (the temporal CLI, another language) sends is held
+    to the task contract too: the variable is named and nothing is written."""
+    fc, store = live
+    handle = fc.handle()
+    before = await snapshot(fc, store)
+    spec = job("gpu").model_dump(mode="json")
+    spec["groups"][0]["tasks"][0]["env"] = {"CUDA_VISIBLE_DEVICES": "0"}
+    for update, payload in [
+        (c.UPDATE_SUBMIT_JOB, {"job": spec, "wait": False}),
+        (c.UPDATE_SUBMIT_JOBS, {"jobs": [job("ok").model_dump(mode="json"), spec]}),
+    ]:
+        with pytest.raises(WorkflowUpdateFailedError) as raised:
+            await handle.execute_update(update, payload)
+        cause = raised.value.cause
+        assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput"
+        text = failure_text(raised.value)
+        assert "job gpu: groups.0.tasks.0.env.CUDA_VISIBLE_DEVICES" in text, text
     await assert_untouched(fc, store, before)
 
 

@@ -32,15 +32,16 @@ import structlog
 from forge.agent.config import AgentConfig
 from forge.agent.health import Checker
 from forge.agent.logfiles import rotate_if_needed
+from forge.agent.peers import Peers, find_node
 from forge.agent.reporter import Reporter
 from forge.agent.state import StateFile
 from forge.agent.supervisor import Event, Supervisor
 from forge.agent.usage import UsageSampler
 from forge.core.models import Assignment, HealthCheck, Job, Node, NodeState, TaskGroup
-from forge.core.taskenv import split_devices
+from forge.core.taskenv import has_peers, split_devices
 from forge.stores.base import AgentStore, TaskReport
 
-__all__ = ["Agent", "ReplicaView", "find_node"]
+__all__ = ["Agent", "ReplicaView", "find_node"]  # find_node: forge.agent.peers
 
 log = structlog.get_logger("forge.agent")
 
@@ -99,6 +100,9 @@ class Agent:
         self._versions: dict[str, str] = {}
         # bound replicas whose start waits for released ones to stop (logged once)
         self._waiting: set[str] = set()
+        self.peers = Peers(
+            store, config.cluster, lambda: self.node, lambda n: find_node(store, config.cluster, n)
+        )
         self._adopt()
 
     # -- start-up -------------------------------------------------------------------
@@ -118,6 +122,7 @@ class Agent:
         now = time.monotonic()
         if now - self._last_heartbeat >= self.config.heartbeat_every:
             self._heartbeat_and_register()
+            self.peers.forget_addresses()
             self._last_heartbeat = now
         mine = self._my_bindings()
         if mine is not None:
@@ -165,10 +170,14 @@ class Agent:
     def _my_bindings(self) -> dict[str, Assignment] | None:
         mine: dict[str, Assignment] = {}
         after = ""
+        self.peers.begin_scan()
         try:
             while True:
                 page = self.store.assignments(self.config.cluster, after, PAGE)
-                mine.update((a.workload_id, a) for a in page if a.node == self.node.id)
+                for a in page:
+                    if a.node == self.node.id:
+                        mine[a.workload_id] = a
+                    self.peers.see(a)
                 if len(page) < PAGE:
                     return mine
                 after = page[-1].workload_id
@@ -188,6 +197,7 @@ class Agent:
     def _converge(self, mine: dict[str, Assignment]) -> None:
         sup = self.supervisor
         self._jobs = {}  # read afresh each step: a binding may be of a changed spec
+        self.peers.prune(set(mine))
         for wid in sorted(set(sup.replicas) - set(mine)):
             why = "adopted, not bound here" if wid in self._adopted else "binding released"
             self._retire(wid, why)
@@ -196,6 +206,11 @@ class Agent:
             if replica is not None and self._versions.setdefault(wid, a.version) != a.version:
                 # bound again on another version (a rolling update): stop, then start
                 if not self._retire(wid, f"new version {a.version}"):
+                    continue
+                replica = None
+            if replica is not None and self.peers.moved(a):
+                # a peer moved: told again by a restart (it cannot learn them running)
+                if not self._retire(wid, "its peers moved"):
                     continue
                 replica = None
             if replica is not None:
@@ -218,11 +233,14 @@ class Agent:
                 continue  # the job is gone: the loop releases the binding next
             if not self._room_for(a):
                 continue  # replicas still stopping hold its room: started once they end
+            peers = self.peers.env(a, group) if has_peers(group) else {}
+            if peers is None:
+                continue  # a member is not bound yet: started once all are
             self._forget_checks(wid)
             self._checks[wid] = _checks_of(group)
             self._versions[wid] = a.version
             devices = split_devices(group, a.gpu_ids, a.gpu_milli)
-            event = sup.start(wid, group, a.cpu, a.memory, devices)
+            event = sup.start(wid, group, a.cpu, a.memory, devices, peers)
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
 
@@ -279,6 +297,7 @@ class Agent:
         self.sampler.forget(wid)
         self.usage.pop(wid, None)
         self._versions.pop(wid, None)
+        self.peers.forget(wid)
         self._released.discard(wid)
         self._adopted.discard(wid)
         return True
@@ -382,17 +401,3 @@ class Agent:
 
 def _checks_of(group: TaskGroup) -> list[tuple[str, HealthCheck]]:
     return [(t.name, t.check) for t in group.tasks if t.check is not None]
-
-
-def find_node(store: AgentStore, cluster: str, node_id: str) -> Node | None:
-    after = node_id[:-1]  # every id > its own prefix, so the page starts at or before it
-    while True:
-        page = store.nodes(cluster, after, 1000)
-        for n in page:
-            if n.id == node_id:
-                return n
-            if n.id > node_id:
-                return None
-        if len(page) < 1000:
-            return None
-        after = page[-1].id

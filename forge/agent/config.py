@@ -10,8 +10,10 @@ built by :func:`forge.params.node_from_flags` as ``forge node add`` builds it.
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,17 +26,21 @@ from forge.errors import InvalidInput
 from forge.params import node_from_flags
 
 __all__ = [
+    "ADDRESS_LABEL",
     "LOGS_LABEL",
     "AgentConfig",
     "AgentConfigError",
     "DetectedGpu",
     "build_config",
+    "default_address",
     "detect_gpus",
     "detect_node",
 ]
 
 #: The node label through which ``forge logs`` finds the agent serving a replica.
 LOGS_LABEL = "forge.agent/logs"
+#: The node label holding the address peers reach the node at (``MASTER_ADDR``).
+ADDRESS_LABEL = "forge.agent/address"
 
 
 class AgentConfigError(InvalidInput, ValueError):
@@ -141,6 +147,26 @@ def _choose_gpus(
     return found, uuids, (f"{len(found)} GPU as declared, confirmed by nvidia-smi",)
 
 
+def default_address(logs_address: str) -> str:
+    """Where peers reach this machine when ``--advertise-address`` is not given: the
+    log server's host when it listens on a routable address, else the address of
+    the interface that routes outward (no packet is sent), else loopback."""
+    host = logs_address.rpartition(":")[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+        if not (ip.is_loopback or ip.is_unspecified):
+            return host
+    except ValueError:
+        if host and host != "localhost":
+            return host  # a name the peers resolve
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
 def detect_node(node_id: str) -> tuple[int, int]:
     """This machine's ``(cpu millicores, memory MiB)``."""
     return (psutil.cpu_count() or 1) * 1000, psutil.virtual_memory().total // (1 << 20)
@@ -157,6 +183,7 @@ def build_config(
     gpus: Sequence[tuple[str, int]] | None = None,
     labels: Sequence[tuple[str, str]] = (),
     logs_address: str = "127.0.0.1:0",
+    advertise_address: str = "",
     token: str = "",
     poll: float = 0.5,
     heartbeat_every: float = 5.0,
@@ -193,15 +220,27 @@ def build_config(
     )
     if not config.loopback and not token:
         config = replace(config, token=secrets.token_urlsafe(24))
+    address = advertise_address or default_address(logs_address)
+    if not is_valid_address(address):
+        raise AgentConfigError(f"--advertise-address {address!r}: a host name or an IP address")
     try:
         node = node_from_flags(
             node_id,
             detected_cpu if cpu is None else cpu,
             detected_memory if memory is None else memory,
             pairs,
-            labels,
+            [*labels, (ADDRESS_LABEL, address)],
             source=f"node {node_id}",
         )
     except InvalidInput as err:
         raise AgentConfigError(str(err)) from None
     return replace(config, node=node)
+
+
+def is_valid_address(host: str) -> bool:
+    """An IP address or a DNS name (what ``MASTER_ADDR`` may hold)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host))

@@ -123,11 +123,13 @@ class Supervisor:
         cpu: int,
         memory: int,
         devices: Mapping[str, TaskDevices] | None = None,
+        peers: Mapping[str, str] | None = None,
     ) -> Event:
         """Start every task of a replica; a task that cannot start (no such
         command) fails the replica with the OS error, and its started siblings
         are stopped. ``devices`` (:func:`forge.core.taskenv.split_devices`) are each
-        task's GPUs: a task left out sees none."""
+        task's GPUs: a task left out sees none; ``peers``
+        (:func:`forge.core.taskenv.peer_env`) go to every task."""
         taken = {p for r in self.replicas.values() for p in r.ports.values()}
         replica = Replica(
             workload_id,
@@ -150,6 +152,7 @@ class Supervisor:
                 **os.environ,
                 **task.env,
                 **device_env(granted, self.gpu_uuids),
+                **(peers or {}),
                 "FORGE_WORKLOAD_ID": workload_id,
                 "FORGE_TASK": task.name,
                 "FORGE_NODE": self.node,

@@ -47,6 +47,12 @@ TOKEN_ENV = "FORGE_AGENT_TOKEN"
     "--data-dir", type=click.Path(path_type=Path), help="default: FORGE_DATA_DIR/agent-ID"
 )
 @click.option("--logs-address", default="127.0.0.1:0", metavar="HOST:PORT")
+@click.option(
+    "--advertise-address",
+    default="",
+    metavar="HOST",
+    help="where peers reach this node (default: the logs host off loopback, else the host's)",
+)
 @click.option("--poll", type=_SECONDS, default=0.5, help="store poll period (default 0.5)")
 @click.option("--heartbeat-every", type=_SECONDS, default=5.0, help="default 5")
 @click.option("--usage-every", type=_SECONDS, default=10.0, help="default 10")
@@ -60,6 +66,7 @@ def agent(
     label: Sequence[tuple[str, str]],
     data_dir: Path | None,
     logs_address: str,
+    advertise_address: str,
     poll: float,
     heartbeat_every: float,
     usage_every: float,
@@ -80,6 +87,7 @@ def agent(
         gpus=list(gpu) or None,
         labels=list(label),
         logs_address=logs_address,
+        advertise_address=advertise_address,
         token=os.environ.get(TOKEN_ENV, ""),  # never a flag: flags show in `ps`
         poll=poll,
         heartbeat_every=heartbeat_every,

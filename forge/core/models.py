@@ -214,6 +214,7 @@ class TaskGroup(Evolving):
         "spread",
         "gang",
         "on_member_loss",
+        "rendezvous",
     )
 
     name: Name
@@ -240,6 +241,10 @@ class TaskGroup(Evolving):
     #: A gang that loses a member (node lost, drained or removed, a task failed)
     #: releases the rest and is placed again together; ``keep`` leaves the rest.
     on_member_loss: Literal["restart_all", "keep"] = "restart_all"
+    #: Tell each replica its rank and its peers' addresses (forge.core.taskenv), as a
+    #: gang's members always are: for groups that find each other but need not start
+    #: together.
+    rendezvous: Bool = False
 
     @model_validator(mode="after")
     def _one_spread_per_label(self) -> Self:

@@ -14,6 +14,7 @@ Pure: the agent passes in how its registered device ids map to what CUDA reads
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,10 +22,15 @@ from forge.core.limits import GPU_MILLI
 from forge.core.models import Job, TaskGroup
 
 __all__ = [
+    "MASTER_PORTS",
+    "PEER_ENV",
     "RESERVED_ENV",
     "RESERVED_PREFIX",
     "TaskDevices",
     "device_env",
+    "has_peers",
+    "master_port",
+    "peer_env",
     "reserved_env",
     "split_devices",
     "visible_id",
@@ -48,6 +54,25 @@ RESERVED_ENV = frozenset(
 )
 #: ``FORGE_PORT_<NAME>``: each of the replica's ports.
 RESERVED_PREFIX = "FORGE_PORT_"
+#: What a member of a gang (or of a ``rendezvous`` group) is told about its peers:
+#: Forge's names and the ones torchrun, DeepSpeed and Horovod read. Reserved only
+#: in such groups: elsewhere ``RANK`` is the task's own business.
+PEER_ENV = frozenset(
+    {
+        "FORGE_RANK",
+        "FORGE_WORLD_SIZE",
+        "FORGE_PEERS",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    }
+)
+#: Rank 0's ``MASTER_PORT`` is taken from this range by the group's name (torchrun's
+#: default, 29500, is its first port), so every member derives the same one.
+MASTER_PORTS = range(29500, 30500)
 
 _INDEXED = re.compile(r"(?:gpu)?(\d+)")
 
@@ -59,9 +84,10 @@ def reserved_env(job: Job) -> list[tuple[str, str]]:
     validators), not in the model: a job stored before the rule must still load."""
     problems = []
     for gi, group in enumerate(job.groups):
+        peers = PEER_ENV if has_peers(group) else frozenset()
         for ti, task in enumerate(group.tasks):
             for name in sorted(task.env):
-                if name in RESERVED_ENV or name.startswith(RESERVED_PREFIX):
+                if name in RESERVED_ENV or name in peers or name.startswith(RESERVED_PREFIX):
                     problems.append(
                         (
                             f"groups.{gi}.tasks.{ti}.env.{name}",
@@ -149,3 +175,52 @@ def device_env(devices: TaskDevices, uuids: Mapping[str, str]) -> dict[str, str]
             env["FORGE_GPU_MEMORY_MIB"] = str(devices.memory)
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={devices.memory}M"
     return env
+
+
+def has_peers(group: TaskGroup) -> bool:
+    """Whether the group's replicas are told about each other (a gang always is)."""
+    return group.gang or group.rendezvous
+
+
+def master_port(job: str, group: str) -> int:
+    """The port rank 0 listens on, the same for every member without asking."""
+    return MASTER_PORTS[zlib.crc32(f"{job}/{group}".encode()) % len(MASTER_PORTS)]
+
+
+def peer_env(
+    job: str,
+    group: str,
+    ordinal: int,
+    world: int,
+    nodes: Mapping[int, str],
+    addresses: Mapping[str, str],
+) -> dict[str, str] | str:
+    """The peer variables of replica ``ordinal`` of a group of ``world`` replicas,
+    or why they cannot be told yet (a member not bound, a node without an address).
+
+    ``nodes`` maps each bound ordinal to its node, ``addresses`` each node to the
+    address its agent advertises. Ranks are ordinals; ``LOCAL_RANK`` counts the
+    members on the same node in rank order."""
+    if not 0 <= ordinal < world:
+        return f"ordinal {ordinal} is outside the group's {world} replicas"
+    missing = [r for r in range(world) if r not in nodes]
+    if missing:
+        return f"{len(missing)} of {world} members not bound (rank {missing[0]} first)"
+    unknown = sorted({nodes[r] for r in range(world)} - set(addresses))
+    if unknown:
+        return f"node {unknown[0]} advertises no address (an agent older than peers)"
+    here = nodes[ordinal]
+    local = [r for r in range(world) if nodes[r] == here]
+    peers = ",".join(addresses[nodes[r]] for r in range(world))
+    port = str(master_port(job, group))
+    return {
+        "FORGE_RANK": str(ordinal),
+        "FORGE_WORLD_SIZE": str(world),
+        "FORGE_PEERS": peers,
+        "MASTER_ADDR": addresses[nodes[0]],
+        "MASTER_PORT": port,
+        "RANK": str(ordinal),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(local.index(ordinal)),
+        "LOCAL_WORLD_SIZE": str(len(local)),
+    }

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from forge import cli
-from forge.agent.config import AgentConfigError, build_config
+from forge.agent.config import ADDRESS_LABEL, AgentConfigError, build_config, default_address
 from forge.cli.agent import agent
 from forge.cli.node import add
 from forge.loaders import GPU_MEMORY_MIB
@@ -60,7 +60,9 @@ def test_both_accept_the_same_forms_and_build_the_same_node(
         gpus=list(on_agent["gpu"]),
         labels=list(on_agent["label"]),
     )
-    expected = node_from_flags("n1", 1000, 1024, on_node["gpus"], on_node["labels"])
+    # the agent adds the address its peers reach it at: a node add'ed node has none
+    address = (ADDRESS_LABEL, default_address("127.0.0.1:0"))
+    expected = node_from_flags("n1", 1000, 1024, on_node["gpus"], [*on_node["labels"], address])
     assert config.node == expected
 
 
@@ -97,3 +99,30 @@ def test_both_refuse_the_same_text_with_the_same_message(
 def test_build_config_refuses_a_label_twice_as_node_add_does(tmp_path: Path) -> None:
     with pytest.raises(AgentConfigError, match="--label zone given twice"):
         build_config(node_id="n1", data_dir=tmp_path, labels=[("zone", "a"), ("zone", "b")])
+
+
+def test_the_advertised_address_is_given_or_the_routable_logs_host(tmp_path: Path) -> None:
+    def address(advertise: str = "", logs: str = "127.0.0.1:0") -> str:
+        config = build_config(
+            node_id="n1",
+            data_dir=tmp_path,
+            cpu=1000,
+            memory=1024,
+            advertise_address=advertise,
+            logs_address=logs,
+            token="t",
+        )
+        return config.node.labels[ADDRESS_LABEL]
+
+    assert address("10.1.2.3") == "10.1.2.3"
+    assert address("gpu-7.example.com") == "gpu-7.example.com"
+    assert address(logs="10.9.9.9:7000") == "10.9.9.9"
+    # loopback or every interface: not an address a peer can use, so the host's own
+    for logs in ("127.0.0.1:0", "0.0.0.0:7000"):
+        assert address(logs=logs) == default_address(logs) != "0.0.0.0"
+
+
+@pytest.mark.parametrize("bad", ["-lead", "a b", "x" * 254, "host:80"])
+def test_a_bad_advertised_address_is_refused_naming_the_flag(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(AgentConfigError, match="--advertise-address"):
+        build_config(node_id="n1", data_dir=tmp_path, advertise_address=bad)

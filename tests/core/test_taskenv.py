@@ -12,8 +12,12 @@ from hypothesis import strategies as st
 
 from forge.core.models import GpuRequest, Job, Resources, Task, TaskGroup
 from forge.core.taskenv import (
+    MASTER_PORTS,
     TaskDevices,
     device_env,
+    has_peers,
+    master_port,
+    peer_env,
     reserved_env,
     split_devices,
     visible_id,
@@ -152,3 +156,53 @@ def test_other_variables_are_the_tasks_own() -> None:
     data: dict[str, Any] = job("j").model_dump(mode="json")
     data["groups"][0]["tasks"][0]["env"] = {"CUDA_LAUNCH_BLOCKING": "1", "FORGE_X": "y"}
     assert reserved_env(Job.model_validate(data)) == []
+
+
+def test_peers_are_ranked_by_ordinal_with_rank_zeros_node_as_master() -> None:
+    nodes = {0: "a", 1: "b", 2: "a"}
+    addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
+    envs = [peer_env("train", "w", r, 3, nodes, addresses) for r in range(3)]
+    assert all(isinstance(e, dict) for e in envs)
+    first, second, third = (e for e in envs if isinstance(e, dict))
+    assert [e["RANK"] for e in (first, second, third)] == ["0", "1", "2"]
+    assert {e["MASTER_ADDR"] for e in (first, second, third)} == {"10.0.0.1"}
+    assert {e["MASTER_PORT"] for e in (first, second, third)} == {str(master_port("train", "w"))}
+    assert first["FORGE_PEERS"] == "10.0.0.1,10.0.0.2,10.0.0.1"
+    assert (first["LOCAL_RANK"], third["LOCAL_RANK"], second["LOCAL_RANK"]) == ("0", "1", "0")
+    assert (first["LOCAL_WORLD_SIZE"], second["LOCAL_WORLD_SIZE"]) == ("2", "1")
+    assert first["WORLD_SIZE"] == first["FORGE_WORLD_SIZE"] == "3"
+
+
+def test_peers_are_not_told_until_every_member_is_bound_with_an_address() -> None:
+    assert peer_env("j", "g", 0, 2, {0: "a"}, {"a": "h"}) == (
+        "1 of 2 members not bound (rank 1 first)"
+    )
+    assert "node b advertises no address" in str(
+        peer_env("j", "g", 0, 2, {0: "a", 1: "b"}, {"a": "h"})
+    )
+    assert "outside" in str(peer_env("j", "g", 2, 2, {0: "a", 1: "a"}, {"a": "h"}))
+
+
+def test_the_master_port_is_the_groups_own_within_its_range() -> None:
+    ports = {master_port(f"job{i}", "g") for i in range(200)}
+    assert ports <= set(MASTER_PORTS) and len(ports) > 150  # spread, not one port
+    assert master_port("a", "b") == master_port("a", "b")
+
+
+def test_peer_names_are_reserved_only_where_peers_are_told() -> None:
+    data: dict[str, Any] = job("j", group(), group("h")).model_dump(mode="json")
+    for g in data["groups"]:
+        g["tasks"][0]["env"] = {"RANK": "0"}
+    data["groups"][1]["gang"] = True
+    parsed = Job.model_validate(data)
+    assert not has_peers(parsed.groups[0]) and has_peers(parsed.groups[1])
+    assert [w for w, _ in reserved_env(parsed)] == ["groups.1.tasks.0.env.RANK"]
+    data["groups"][1]["gang"] = False
+    data["groups"][0]["rendezvous"] = True
+    assert [w for w, _ in reserved_env(Job.model_validate(data))] == ["groups.0.tasks.0.env.RANK"]
+
+
+def test_rendezvous_left_at_its_default_is_not_dumped() -> None:
+    g = group()
+    assert "rendezvous" not in g.model_dump(mode="json")
+    assert g.model_copy(update={"rendezvous": True}).model_dump(mode="json")["rendezvous"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -401,6 +402,33 @@ class RunReport:
     run_id: str
     failures: list[tuple[str, str]]  # (cause, message) of each workflow task failure
     replays_offline: str | None  # None: the history replays cleanly offline; else the error
+    #: The events around where replay failed (ids, types, names, workers), so a
+    #: failure seen only in a CI log can still be read: the history files do not
+    #: outlive the machine.
+    outline: str = ""
+
+
+def outline(events: Sequence[HistoryEvent], around: int, radius: int = 40) -> str:
+    """One line per event within ``radius`` of event ``around``: id, time, type and
+    what names it (timer, activity, marker, signal, update, worker identity)."""
+    lines = []
+    for ev in events:
+        if abs(ev.event_id - around) > radius:
+            continue
+        kind = EventType.Name(ev.event_type).removeprefix("EVENT_TYPE_")
+        which = ev.WhichOneof("attributes")
+        attrs: Any = getattr(ev, which) if which else None
+        name = ""
+        for field in ("timer_id", "marker_name", "signal_name", "identity"):
+            value = getattr(attrs, field, "")
+            if value:
+                name += f" {field}={value}"
+        if hasattr(attrs, "activity_type"):
+            name += f" activity={attrs.activity_type.name}"
+        if hasattr(attrs, "accepted_request"):
+            name += f" update={attrs.accepted_request.input.name}"
+        lines.append(f"{ev.event_id} {ev.event_time.ToJsonString()[11:23]} {kind}{name}")
+    return "\n".join(lines)
 
 
 def _ended_by_watchdog_reset(events: Sequence[HistoryEvent]) -> bool:
@@ -450,5 +478,11 @@ async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunR
             failures = [f for f in failures if f[0] != "force_close_command"]
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         error = None if result.replay_failure is None else str(result.replay_failure)[:300]
-        out.append(RunReport(run_id=wf.run_id, failures=failures, replays_offline=error))
+        shown = ""
+        if error is not None or failures:
+            where = re.search(r"HistoryEvent\(id: (\d+)", error or failures[0][1])
+            shown = outline(history.events, int(where.group(1)) if where else 0)
+        out.append(
+            RunReport(run_id=wf.run_id, failures=failures, replays_offline=error, outline=shown)
+        )
     return out

@@ -452,7 +452,9 @@ async def test_kill_9_at_random_moments_keeps_every_promise(
         }
         record_figures(f"kill_random[{'with' if queries else 'no'}-queries]", figures)
         for r in runs:
-            assert r.replays_offline is None, f"run {r.run_id} fails replay: {r}"
+            assert r.replays_offline is None, (
+                f"run {r.run_id} fails replay: {r.replays_offline}\n{r.failures}\n{r.outline}"
+            )
         assert not failed and resets == 0, f"workflow tasks failed (queries={queries}): {failed}"
     except BaseException:
         stop_reader.set()

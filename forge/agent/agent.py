@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from forge.agent.cgroups import Cgroups
 from forge.agent.config import AgentConfig
 from forge.agent.health import Checker
 from forge.agent.logfiles import rotate_if_needed
@@ -69,13 +70,14 @@ class Agent:
         register: Callable[[Node], None],
         *,
         clock: Callable[[], float] = time.time,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.node = config.node
         self._register = register
         self._clock = clock
-        self.supervisor = Supervisor(config.data_dir, config.node.id, config.gpu_uuids)
+        self.supervisor = Supervisor(config.data_dir, config.node.id, config.gpu_uuids, cgroups)
         self.reporter = Reporter(lambda batch: store.report(config.cluster, batch))
         self.sampler = UsageSampler()
         self.state = StateFile(config.data_dir / "agent-state.json")
@@ -345,6 +347,8 @@ class Agent:
 
     def _check_memory(self) -> None:
         """Without a cgroup to enforce it, the agent enforces the memory request."""
+        if self.supervisor.cgroups is not None:
+            return  # the kernel does (memory.max)
         for wid in self._running():
             replica = self.supervisor.replicas[wid]
             used = self.sampler.memory_mib(replica)

@@ -22,7 +22,7 @@ import structlog
 
 from forge.agent.agent import Agent
 from forge.agent.config import LOGS_LABEL, AgentConfig
-from forge.agent.limits import limits_notice
+from forge.agent.limits import hard_limits
 from forge.agent.server import LogServer
 from forge.core.models import Node
 from forge.errors import Unavailable
@@ -70,7 +70,8 @@ def run_agent(
         update={"labels": {**config.node.labels, LOGS_LABEL: server.address}}
     )
     config = replace(config, node=node)
-    agent = Agent(config, store, _registrar(settings))
+    cgroups, limits_line = hard_limits(config.node.id)
+    agent = Agent(config, store, _registrar(settings), cgroups=cgroups)
     agent_box.append(agent)
     server.start()
     print(f"forge agent: node {node.id} ({node.cpu}m cpu, {node.memory} MiB", end="")
@@ -79,7 +80,7 @@ def run_agent(
     print("" if config.loopback else " (token required)")
     for note in config.notes:
         print(f"forge agent: {note}")
-    print(f"forge agent: {limits_notice()}", flush=True)
+    print(f"forge agent: {limits_line}", flush=True)
     if ready is not None:
         ready(server.address)
     stop = threading.Event()

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.agent.cgroups import Cgroups
 from forge.agent.logfiles import log_path
 from forge.agent.state import ProcessRecord, alive
 from forge.core.models import STOP_GRACE, TaskGroup
@@ -107,10 +108,16 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 class Supervisor:
     def __init__(
-        self, data_dir: Path, node: str, gpu_uuids: Mapping[str, str] | None = None
+        self,
+        data_dir: Path,
+        node: str,
+        gpu_uuids: Mapping[str, str] | None = None,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.node = node
+        #: Hard limits (cgroup v2) when the machine allows; None: the agent samples.
+        self.cgroups = cgroups
         #: Registered device id -> the UUID detected for it (what CUDA reads).
         self.gpu_uuids = dict(gpu_uuids or {})
         self.replicas: dict[str, Replica] = {}
@@ -141,6 +148,7 @@ class Supervisor:
         )
         self.replicas[workload_id] = replica
         ports = {name: free_port(taken) for t in group.tasks for name in t.ports}
+        jail = self.cgroups.create(workload_id, cpu, memory) if self.cgroups else None
         for task in group.tasks:
             argv = [*(task.command or ()), *task.args]
             log = log_path(self.data_dir, workload_id, task.name)
@@ -163,7 +171,7 @@ class Supervisor:
                 try:
                     with log.open("ab") as out:
                         popen = subprocess.Popen(
-                            argv,
+                            argv if jail is None else Cgroups.wrap(jail, argv),
                             cwd=workdir,
                             env=env,
                             stdin=subprocess.DEVNULL,
@@ -232,6 +240,11 @@ class Supervisor:
                 first = done[0]
                 if replica.stop_reason:
                     outcome = ("failed", replica.stop_reason)
+                elif self.cgroups is not None and self.cgroups.oom_killed(wid):
+                    outcome = (
+                        "failed",
+                        f"out of memory: over its memory.max of {replica.memory} MiB",
+                    )
                 elif first.exit_code == 0 and len(done) == len(replica.tasks):
                     outcome = ("exited", first.describe_exit())
                 else:
@@ -261,8 +274,10 @@ class Supervisor:
         return replica is None or all(t.finished() for t in replica.tasks)
 
     def forget(self, workload_id: str) -> None:
-        """Drop a replica whose processes are all gone."""
+        """Drop a replica whose processes are all gone (and its cgroup)."""
         self.replicas.pop(workload_id, None)
+        if self.cgroups is not None:
+            self.cgroups.remove(workload_id)
 
     def stop_all(self, timeout: float) -> None:
         """Stop everything and wait (the agent's own shutdown when asked to)."""

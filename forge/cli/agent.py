@@ -46,6 +46,11 @@ TOKEN_ENV = "FORGE_AGENT_TOKEN"
 @click.option(
     "--data-dir", type=click.Path(path_type=Path), help="default: FORGE_DATA_DIR/agent-ID"
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="print what this machine gives tasks (GPUs, address, limits) and exit",
+)
 @click.option("--logs-address", default="127.0.0.1:0", metavar="HOST:PORT")
 @click.option(
     "--advertise-address",
@@ -65,6 +70,7 @@ def agent(
     gpu: Sequence[tuple[str, int]],
     label: Sequence[tuple[str, str]],
     data_dir: Path | None,
+    check: bool,
     logs_address: str,
     advertise_address: str,
     poll: float,
@@ -93,6 +99,12 @@ def agent(
         heartbeat_every=heartbeat_every,
         usage_every=usage_every,
     )
+    if check:  # nothing connected, nothing written
+        from forge.agent.check import check_lines
+
+        for line in check_lines(config):
+            click.echo(f"forge agent: {line}")
+        return 0
     return run_agent(config, s, stop_tasks_on_exit=stop_tasks_on_exit)
 
 

@@ -94,3 +94,24 @@ def test_a_failing_nvidia_smi_is_a_reason_not_a_crash(
     assert gpus == [] and why.startswith("nvidia-smi failed:")
     bare = build_config(node_id="n1", data_dir=tmp_path, cpu=1000, memory=1024, gpus=None)
     assert bare.node.gpus == () and "nvidia-smi failed" in bare.notes[0]
+
+
+def test_agent_check_says_what_tasks_get_and_writes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from forge import cli
+
+    _fake_smi(tmp_path, monkeypatch, f"cat <<'EOF'\n{CSV}EOF")
+    data = tmp_path / "data"
+    monkeypatch.setenv("FORGE_DATA_DIR", str(data))
+    monkeypatch.setenv("FORGE_TEMPORAL_ADDRESS", "127.0.0.1:1")  # never reached
+    argv = ["agent", "--node-id", "n1", "--advertise-address", "10.0.0.7", "--check"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gpu0: A100-SXM4-40GB 40960 MiB GPU-aaaaaaaa-0000-0000-0000-000000000000" in out
+    assert "2 GPU detected by nvidia-smi" in out
+    assert "peers reach this node at 10.0.0.7" in out
+    assert "limits" in out  # hard or not, and why
+    assert not data.exists()

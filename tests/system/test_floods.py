@@ -248,6 +248,15 @@ async def test_ten_thousand_updates_in_bursts(dev_env: WorkflowEnvironment) -> N
         finally:
             await poller.stop()  # also when the flood failed: no task outlives the test
         assert calls == UPDATES
+        # A submission without wait is acknowledged once queued, not once written:
+        # the last burst's batches may still be queued here. A scale is answered
+        # after the pass that planned it, and mail is planned in the order it came,
+        # so once it returns every change acknowledged before it is in the store.
+        # (Reading the store without it found the last three batches not yet
+        # written, and their jobs' old counts summed to the new total: issue 35
+        # item 5 took that for changes lost.)
+        last = order[-1]
+        await fc.scale(last, "main", expected[last])
 
         total = sum(expected.values())
         status = await eventually(
@@ -265,8 +274,9 @@ async def test_ten_thousand_updates_in_bursts(dev_env: WorkflowEnvironment) -> N
             + _figures(runs)
             + f", {len(poller.latencies)} queries (slowest {max(poller.latencies):.2f} s)"
         )
-        # every update accepted exactly once, across all runs (refusals leave nothing)
-        assert sum(r.updates_accepted for r in runs) == UPDATES
+        # every update accepted exactly once, across all runs (refusals leave nothing;
+        # the one more is the scale that waited for the flood to be written)
+        assert sum(r.updates_accepted for r in runs) == UPDATES + 1
         assert len(runs) >= UPDATES // UPDATES_PER_RUN
         check_runs(runs)
         assert not poller.errors, poller.errors[:3]

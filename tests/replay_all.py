@@ -6,6 +6,8 @@ offline (``temporalio.worker.Replayer``), so a divergence that only shows on a l
 takeover fails the suite that recorded it (issue 35). Runs a worker's watchdog reset
 are left to the tests that make them (a planted determinism bug is reset on purpose,
 and the kill matrices check their own): their history ends with the reset's mark.
+So are runs failing with the open Core defect of a local activity's result taken one
+task late, recognised by its exact shape (``tests.faults.checks.la_late``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from temporalio.worker import Replayer
 
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
+from tests.faults.checks import la_late
 from workflows.cluster import ClusterWorkflow
 
 __all__ = ["replay_every_run"]
@@ -37,6 +40,9 @@ async def replay_every_run(client: Client) -> list[str]:
         ):
             continue
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-        if result.replay_failure is not None:
-            failures.append(f"{wf.id}/{wf.run_id}: {str(result.replay_failure)[:300]}")
+        if result.replay_failure is None:
+            continue
+        if la_late(history.events, str(result.replay_failure)):
+            continue  # the open Core defect, by its exact shape: the kill test counts it
+        failures.append(f"{wf.id}/{wf.run_id}: {str(result.replay_failure)[:300]}")
     return failures

@@ -406,6 +406,48 @@ class RunReport:
     #: failure seen only in a CI log can still be read: the history files do not
     #: outlive the machine.
     outline: str = ""
+    #: The failure is the open Core defect of a local activity's result taken one
+    #: task late (RELIABILITY.md; :func:`la_late`), recognised by its exact shape.
+    la_late: bool = False
+
+
+_LA_MARKER = "core_local_activity"
+_PATCH_MARKER = "core_patch"
+
+
+def la_late(events: Sequence[HistoryEvent], message: str) -> bool:
+    """Whether ``message`` (a replay's nondeterminism error) is the open defect of
+    ``tests/faults/test_local_activity_late.py``, by its shape in history: a task
+    whose last command is a local activity's marker, the next task scheduled at
+    once, and the failure at the first command of that next task, which is an
+    update's acceptance ("Activity machine does not handle ...
+    WorkflowExecutionUpdateAccepted") or a patch marker ("Non-deprecated patch
+    marker encountered"): live, the loop took the result there; a replay takes it
+    at the marker, a task earlier. Anything else is not recognised."""
+    kinds = [EventType.Name(ev.event_type).removeprefix("EVENT_TYPE_") for ev in events]
+    accepted = re.search(
+        r"Activity machine does not handle this event: HistoryEvent\(id: (\d+), "
+        r"WorkflowExecutionUpdateAccepted\)",
+        message,
+    )
+    patch = "Non-deprecated patch marker encountered" in message
+    if not (accepted or patch):
+        return False
+    for i in range(1, len(events) - 1):
+        marker = events[i].marker_recorded_event_attributes.marker_name
+        if not (marker == _LA_MARKER and kinds[i + 1] == "WORKFLOW_TASK_SCHEDULED"):
+            continue
+        done = next(
+            (j for j in range(i + 1, len(events)) if kinds[j] == "WORKFLOW_TASK_COMPLETED"), None
+        )
+        if done is None or done + 1 >= len(events):
+            continue
+        first = events[done + 1]
+        if accepted and first.event_id == int(accepted.group(1)):
+            return kinds[done + 1] == "WORKFLOW_EXECUTION_UPDATE_ACCEPTED"
+        if patch and first.marker_recorded_event_attributes.marker_name == _PATCH_MARKER:
+            return True
+    return False
 
 
 def outline(events: Sequence[HistoryEvent], around: int, radius: int = 40) -> str:
@@ -478,11 +520,21 @@ async def every_run(client: Client, workflow_id: str, folder: Path) -> list[RunR
             failures = [f for f in failures if f[0] != "force_close_command"]
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         error = None if result.replay_failure is None else str(result.replay_failure)[:300]
-        shown = ""
+        shown, late = "", False
         if error is not None or failures:
-            where = re.search(r"HistoryEvent\(id: (\d+)", error or failures[0][1])
+            message = str(result.replay_failure) if error is not None else failures[0][1]
+            where = re.search(r"HistoryEvent\(id: (\d+)", message)
             shown = outline(history.events, int(where.group(1)) if where else 0)
+            late = la_late(history.events, message) and all(
+                la_late(history.events, m) for _, m in failures
+            )
         out.append(
-            RunReport(run_id=wf.run_id, failures=failures, replays_offline=error, outline=shown)
+            RunReport(
+                run_id=wf.run_id,
+                failures=failures,
+                replays_offline=error,
+                outline=shown,
+                la_late=late,
+            )
         )
     return out

@@ -32,6 +32,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from forge.wire.codec import data_converter
+from tests.faults.checks import la_late
 from workflows import patches
 from workflows.cluster import ClusterWorkflow
 
@@ -76,3 +77,19 @@ async def test_the_recorded_history_fails_where_the_late_result_was_taken() -> N
         "activity_task_scheduled_event_attributes",
     ]
     assert patches.PASS_INTAKE in _patches(history), "written by today's loop"
+    # the fault tests recognise it by this shape, and nothing else by it
+    assert la_late(history.events, str(result.replay_failure))
+    shifted = str(result.replay_failure).replace("id: 250", "id: 251")
+    assert not la_late(history.events, shifted), "a failure one event away is not it"
+    assert not la_late(history.events, "Update machine does not handle ActivityTaskScheduled")
+
+
+async def test_the_held_out_divergence_is_not_taken_for_it() -> None:
+    held_out = Path(__file__).parent / "histories" / "takeover-divergence-1k.json.gz"
+    history = WorkflowHistory.from_json(
+        "forge-cluster-default", gzip.decompress(held_out.read_bytes()).decode()
+    )
+    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+    assert not la_late(history.events, str(result.replay_failure))

@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench bench-e2e histories mutations clean codec-server
+.PHONY: run demo test lint typecheck unit docs bench bench-e2e histories mutations clean codec-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: $(STAMP) lint typecheck
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest -q -ra
+
+# The documentation site (mkdocs.yml, docs/) into site/; the suite builds it too
+# (tests/system/test_docs.py), so a broken link fails `make test`.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.placement --trace ../shared/data/alibaba-gpu-v2023

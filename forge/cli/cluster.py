@@ -1,6 +1,7 @@
 """``forge cluster start``, ``forge status`` and ``forge explain``: the cluster as
 a whole. Status and explain read what the last pass published to the store, never
-by querying the workflow (see DESIGN.md on queries)."""
+by querying the workflow (see docs/architecture.md, "Rules for workflow code", on
+queries)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Checks for DESIGN.md's invariants over a persisted state, for tests and benchmarks.
+"""Checks for the invariants (docs/invariants.md) over a persisted state, for tests
+and benchmarks.
 
 Pure: give it nodes and assignments (from a store, a plan or a query) and it
 returns the violations it finds, as sentences; an empty list means all hold.

@@ -2,7 +2,7 @@
 pass it runs is held to.
 
 It applies events to its inputs, calls ``reconcile`` and replaces its state with
-the plan's; each pass is checked against DESIGN.md's invariants 1-5 and 7
+the plan's; each pass is checked against invariants 1-5 and 7 (docs/invariants.md)
 (:func:`check_plan`). Shared by the reconcile suites (tests/core/test_reconcile.py,
 test_preemption, test_queue_order, test_sharing, test_placement_v2_carry), which
 build their inputs with :mod:`tests.builders`.

@@ -1,4 +1,5 @@
-"""The reconcile pass: DESIGN.md's invariants as properties, plus the scenarios.
+"""The reconcile pass: the invariants (docs/invariants.md) as properties, plus the
+scenarios.
 
 ``Sim`` plays the cluster workflow: it applies events to its inputs, calls
 ``reconcile`` and replaces its state with the plan's. Every pass it runs is

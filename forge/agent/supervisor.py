@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -90,15 +91,30 @@ class Event:
     message: str
 
 
+#: Nomad's default dynamic port range: below Linux's ephemeral range (32768-60999), so a
+#: port handed to a task is not one the kernel is about to give another socket's bind(0).
+DYNAMIC_PORTS = range(20000, 32000)
+
+
 def free_port(taken: set[int]) -> int:
-    """A TCP port free right now on every interface (and not handed out already)."""
-    for _ in range(100):
+    """A TCP port free right now on every interface and not in ``taken`` (added to it).
+
+    Random in the dynamic range rather than the kernel's bind(0): two agents on one host
+    asking bind(0) a moment apart are often given the same just-closed port, and the task
+    that binds second fails (seen in CI with three agents on one machine).
+    """
+    for _ in range(200):
+        port = random.choice(DYNAMIC_PORTS)
+        if port in taken:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        if port not in taken:
-            return port
-    raise OSError("no free port found")
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    raise OSError(f"no free port in {DYNAMIC_PORTS.start}-{DYNAMIC_PORTS.stop - 1}")
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import psutil
 from forge.agent.logfiles import read_from, rotate_if_needed
 from forge.agent.reporter import Reporter
 from forge.agent.state import ProcessRecord, StateFile, alive
+from forge.agent.supervisor import DYNAMIC_PORTS, free_port
 from forge.stores.base import TaskReport
 
 
@@ -94,3 +96,29 @@ def test_a_torn_state_file_is_read_as_empty(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text('{"version": 1, "processes": [{"workload_id"')
     assert StateFile(path).load() == []
+
+
+def test_task_ports_avoid_the_kernels_ephemeral_range_ports_in_use_and_each_other() -> None:
+    """Two agents on one host once got the same just-closed bind(0) port (CI): the second
+    task failed to bind. Ports come from the dynamic range, skip what is bound or handed out."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("", 0))
+        held.listen()
+        busy = int(held.getsockname()[1])
+        taken: set[int] = set()
+        got = [free_port(taken) for _ in range(500)]
+    assert len(set(got)) == 500 and set(got) == taken
+    assert all(p in DYNAMIC_PORTS for p in got)
+    assert busy not in got
+
+
+def test_a_port_bound_by_someone_else_is_never_handed_out(monkeypatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        other = int(probe.getsockname()[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("", 0))
+        busy = int(held.getsockname()[1])
+        picks = iter([busy, busy, other])
+        monkeypatch.setattr("forge.agent.supervisor.random.choice", lambda _r: next(picks))
+        assert free_port(set()) == other

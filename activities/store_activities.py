@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from forge.core.models import Job, TaskGroup
+from activities.pages import compact_specs, json_len, row_len, within_bytes
 from forge.errors import Conflict
 from forge.stores import ApplyResult, Fence, StaleFenceError, Store, StoreError
 from forge.wire import errors
@@ -33,17 +31,17 @@ from forge.wire.activity_contract import (
     ACT_PERSIST,
     ACT_READ_REPORTS,
     ACT_SNAPSHOT_ASSIGNMENTS,
+    ACT_SNAPSHOT_COMPLETIONS,
     ACT_SNAPSHOT_NODES,
     ACT_WATCH,
     ACT_WRITE_JOBS,
     AssignmentRows,
-    BindRow,
     ClusterRef,
+    CompletionsPage,
     GroupSpecIn,
     GroupSpecOut,
     Intake,
     JobChangesIn,
-    JobRow,
     JobsPage,
     MetricsIn,
     MetricsOut,
@@ -60,7 +58,7 @@ from forge.wire.activity_contract import (
     to_delta,
 )
 
-__all__ = ["HEARTBEAT_EVERY", "PAGE_BYTES", "StoreActivities", "heartbeating", "within_bytes"]
+__all__ = ["HEARTBEAT_EVERY", "StoreActivities", "heartbeating"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -69,101 +67,6 @@ R = TypeVar("R")
 #: heartbeat timeout is a few times this, so a killed worker's activity is retried
 #: elsewhere within seconds instead of after its whole start-to-close timeout.
 HEARTBEAT_EVERY = 0.5
-
-
-#: JSON bytes one page may carry back to the workflow. Temporal refuses a payload
-#: over 2 MiB (and the run then never finishes loading), so a page is cut by size
-#: as well as by count: 40 jobs of 100 KiB are two pages, not one 4 MB result.
-PAGE_BYTES = 1024 * 1024
-
-_Item = TypeVar("_Item")
-
-
-def within_bytes(items: list[_Item], size: Callable[[_Item], int], budget: int = PAGE_BYTES) -> int:
-    """How many leading ``items`` fit in ``budget`` bytes (at least one: a single
-    item is bounded by the models' own limits)."""
-    total = 0
-    for i, item in enumerate(items):
-        total += size(item)
-        if total > budget and i:
-            return i
-    return len(items)
-
-
-#: The keys of a stored job spec that a compact page row carries beside its groups.
-_JOB_KEYS = frozenset(("id", "name", "priority", "groups"))
-
-
-def compact_specs(
-    rows: list[tuple[int, str, str | None]], revision: int, more: bool, budget: int = PAGE_BYTES
-) -> JobsPage:
-    """Stored job specs as a compact page, parsing each distinct group once: a new
-    run reloads every job, and 50,000 jobs of 30 shapes are 30 groups to validate,
-    not 50,000 jobs. A spec that is not the plain shape a store writes (another
-    key, a group that does not validate) goes through ``Job`` whole, so what the
-    page holds what a page of validated jobs would.
-
-    The page is cut at ``budget`` bytes of what it carries (rows and each distinct
-    group once), not of the specs it was made from: jobs of a few shapes make
-    pages of thousands of rows, so a reload is a few round trips, not dozens."""
-    index: dict[str, int] = {}
-    groups: list[TaskGroup] = []
-    out: list[JobRow] = []
-    size = 0
-    for rev, job_id, spec in rows:
-        if out and size > budget:
-            return JobsPage(groups=groups, rows=out, revision=out[-1][0], more=True)
-        size += 48 + 2 * len(job_id)  # a row: revision, id, name, priority, indexes
-        if spec is None:
-            out.append((rev, job_id, None, 0, []))
-            continue
-        data = json.loads(spec)
-        name, priority = data.get("name"), data.get("priority")
-        plain = (
-            isinstance(data, dict)
-            and data.keys() == _JOB_KEYS
-            and data.get("id") == job_id
-            and isinstance(name, str)
-            and type(priority) is int
-            and isinstance(data["groups"], list)
-        )
-        if not plain:
-            known = len(groups)
-            out.append(_row(rev, job_id, Job.model_validate_json(spec), index, groups))
-            size += sum(len(g.model_dump_json()) for g in groups[known:])
-            continue
-        idx = []
-        for g in data["groups"]:
-            key = json.dumps(g, separators=(",", ":"))
-            at = index.get(key)
-            if at is None:
-                at = index[key] = len(groups)
-                groups.append(TaskGroup.model_validate_json(key))
-                size += len(key)
-            idx.append(at)
-        out.append((rev, job_id, name, priority, idx))
-    return JobsPage(groups=groups, rows=out, revision=revision, more=more)
-
-
-def _row(rev: int, job_id: str, job: Job, index: dict[str, int], groups: list[TaskGroup]) -> JobRow:
-    idx = []
-    for g in job.groups:
-        key = g.model_dump_json()
-        at = index.get(key)
-        if at is None:
-            at = index[key] = len(groups)
-            groups.append(g)
-        idx.append(at)
-    return (rev, job_id, job.name, job.priority, idx)
-
-
-def _json_len(item: BaseModel) -> int:
-    return len(item.model_dump_json())
-
-
-def _row_len(row: BindRow) -> int:
-    job, group, _, node, gpu_ids, *_ = row
-    return 64 + len(job) + len(group) + len(node) + sum(len(g) + 3 for g in gpu_ids)
 
 
 def heartbeating(fn: Callable[P, R]) -> Callable[P, R]:
@@ -207,6 +110,7 @@ class StoreActivities:
             self.fence,
             self.snapshot_nodes,
             self.snapshot_assignments,
+            self.snapshot_completions,
             self.job_changes,
             self.write_jobs,
             self.persist,
@@ -235,7 +139,7 @@ class StoreActivities:
     def snapshot_nodes(self, page: PageIn) -> NodesPage:
         nodes = self.store.nodes(page.cluster, page.after, page.limit)
         more = len(nodes) == page.limit
-        keep = within_bytes(nodes, _json_len)
+        keep = within_bytes(nodes, json_len)
         if keep < len(nodes):
             nodes, more = nodes[:keep], True
         return NodesPage(nodes=nodes, next_after=nodes[-1].id if more else None)
@@ -246,12 +150,19 @@ class StoreActivities:
         found = self.store.assignment_rows(page.cluster, page.after, page.limit)
         more = len(found) == page.limit
         rows = [row_from_assignment(a) for a in found]
-        keep = within_bytes(rows, _row_len)
+        keep = within_bytes(rows, row_len)
         if keep < len(rows):
             rows, more = rows[:keep], True
         return AssignmentRows(
             rows=rows, next_after=found[len(rows) - 1].workload_id if more else None
         )
+
+    @activity.defn(name=ACT_SNAPSHOT_COMPLETIONS)
+    @heartbeating
+    def snapshot_completions(self, page: PageIn) -> CompletionsPage:
+        done = self.store.completions(page.cluster, page.after, page.limit)
+        more = len(done) == page.limit
+        return CompletionsPage(done=done, next_after=done[-1] if more else None)
 
     @activity.defn(name=ACT_JOB_CHANGES)
     @heartbeating
@@ -343,12 +254,17 @@ class StoreActivities:
     @heartbeating
     def read_reports(self, req: ReportsIn) -> ReportsOut:
         reports = self.store.reports_since(req.cluster, req.seq, req.limit)
-        reports = reports[: within_bytes(reports, _json_len)]
+        reports = reports[: within_bytes(reports, json_len)]
         latest: dict[str, str] = {}
         nodes: dict[str, str] = {}
         health: dict[str, bool] = {}
+        failures: dict[str, str] = {}
         for r in reports:
             latest[r.workload_id] = r.status
+            if r.status == "failed":
+                failures[r.workload_id] = r.message
+            else:
+                failures.pop(r.workload_id, None)
             if r.healthy is not None:
                 health[r.workload_id] = r.healthy
             elif r.status != "running":
@@ -363,6 +279,7 @@ class StoreActivities:
             last_seq=last,
             nodes=nodes,
             health=dict(sorted(health.items())),
+            failures=dict(sorted(failures.items())),
         )
 
     @activity.defn(name=ACT_METRICS)

@@ -73,7 +73,9 @@ def nodes_error(text: str, fmt: str = "yaml", source: str = "nodes.yaml") -> str
 def test_the_examples_load() -> None:
     (web,) = load_jobs(EXAMPLES / "web.yaml")
     (train,) = load_jobs(EXAMPLES / "train.yaml")
+    (evaluation,) = load_jobs(EXAMPLES / "eval.yaml")
     nodes = load_nodes(EXAMPLES / "nodes.yaml")
+    assert (evaluation.type, train.type) == ("batch", "service")
     assert [g.name for g in web.groups] == ["api", "train"]
     assert any(g.request().gpu > 0 for g in train.groups)
     assert 3 <= len(nodes) <= 4

@@ -190,6 +190,12 @@ async def snapshot_assignments(inp: ac.PageIn) -> ac.AssignmentRows:
     return await _call(ac.ACT_SNAPSHOT_ASSIGNMENTS, inp, ac.AssignmentRows, "load bindings")
 
 
+async def snapshot_completions(inp: ac.PageIn) -> ac.CompletionsPage:
+    return await _call(
+        ac.ACT_SNAPSHOT_COMPLETIONS, inp, ac.CompletionsPage, "load completed batch runs"
+    )
+
+
 async def job_changes(inp: ac.JobChangesIn) -> ac.JobsPage:
     return await _call(
         ac.ACT_JOB_CHANGES, inp, ac.JobsPage, f"load jobs since revision {inp.since}"

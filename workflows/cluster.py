@@ -30,7 +30,7 @@ from datetime import datetime
 from temporalio import workflow
 
 from workflows import activities as acts
-from workflows import loading, patches
+from workflows import batch, loading, patches
 from workflows.alarms import Alarms
 from workflows.mail import JobWrite
 from workflows.presentation import Presentation, status_json
@@ -242,6 +242,7 @@ class ClusterWorkflow(Presentation):
         await loading.load_jobs(st)
         carry = Carry.start(st.jobs, st.nodes, rolling=True)
         _, state_sum = await loading.load_bindings(st, carry)
+        await batch.load_done(st)
         st.state_sum = state_sum % STATE_MOD
         st.carry = carry
         st.bindings = carry.bindings
@@ -366,6 +367,7 @@ class ClusterWorkflow(Presentation):
         st.take_health(now)
         with workflow.unsafe.sandbox_unrestricted():  # a metric, and the persist's input
             started = self.plan_started = clocks.plan_clock()
+        done, completed = batch.for_pass(st)
         plan = reconcile(
             jobs=st.jobs,
             nodes=st.nodes,
@@ -382,6 +384,8 @@ class ClusterWorkflow(Presentation):
             promoted=st.promoted,
             health=st.health,
             jobs_changed=st.jobs_changed,
+            done=done,
+            completed=completed,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started
@@ -418,7 +422,9 @@ class ClusterWorkflow(Presentation):
             release=sorted(released),
             nodes_upsert=list(nodes_upsert.values()),
             nodes_remove=list(nodes_remove),
+            complete=batch.completions(plan),
         )
+        batch.failures(st, plan)
         published = self._publication(plan, now)
         if published[0] != self.published:
             persist = persist.model_copy(update={"status": status_json(published)})
@@ -453,6 +459,7 @@ class ClusterWorkflow(Presentation):
         st.failures = plan.failures
         st.preemptions, st.recent_preemptions = st.preemptions_after(plan)
         st.commit_rollouts(plan, status_changed, now, checks=True)
+        batch.settle(st)
         st.failed = {}
         st.status_updates = {}
         # (freed: only a pass that preempted, so only under PREEMPTION)
@@ -559,18 +566,8 @@ class ClusterWorkflow(Presentation):
         self.queue.written = ticket
 
     def _ensure_watch(self) -> None:
-        st = self.st
-        if st.opts.watch:
-            self.watch.ensure(
-                ac.WatchIn(
-                    cluster=st.cluster,
-                    jobs_revision=max(st.jobs_revision, st.known_revision),
-                    reports_seq=max(st.reports_seq, st.known_reports_seq),
-                    heartbeat_ttl=st.opts.heartbeat_ttl,
-                    max_seconds=st.opts.watch_seconds,
-                    poll=st.opts.watch_poll,
-                )
-            )
+        if self.st.opts.watch:
+            self.watch.ensure(self.st.watch_input())
 
     # -- continue-as-new ---------------------------------------------------------------
     def _continue_as_new_now(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 from workflows import activities as acts
+from workflows import batch
 from workflows.queue import JobQueue
 from workflows.state import LoopState, binding_from_row, hash_binding, worker_clock
 
@@ -77,6 +78,8 @@ async def load_jobs(st: LoopState) -> None:
     # end, so the jobs never vanish from the handlers' view while pages arrive.
     full = not st.jobs_revision
     jobs = st.jobs if not full else {}
+    if full:
+        st.batch = {}  # (their done ordinals stay: reloaded at a run's start only)
     while True:
         page = await acts.job_changes(
             ac.JobChangesIn(cluster=st.cluster, since=st.jobs_revision, limit=st.opts.job_page)
@@ -103,6 +106,7 @@ async def load_jobs(st: LoopState) -> None:
 
 def put_job(st: LoopState, jobs: dict[str, Job], job_id: str, job: Job | None) -> None:
     """One job change into ``jobs`` (None deletes)."""
+    batch.track(st, job_id, job)
     if job is None:
         jobs.pop(job_id, None)
         return
@@ -161,7 +165,7 @@ async def load_reports(st: LoopState) -> None:
             if b is None or out.nodes.get(wid, b.node) != b.node:
                 continue  # not bound, or about a binding that has moved since
             if status in ("failed", "exited"):
-                st.failed[wid] = None
+                batch.take_end(st, wid, status, b.node, out.failures.get(wid, ""))
             elif status == "running" and b.status is AssignmentStatus.PENDING:
                 b.status = AssignmentStatus.RUNNING
                 st.status_updates = {**st.status_updates, wid: status}

@@ -56,6 +56,8 @@ class Presentation(Handlers):
             resets=st.resets,
             last_reset=st.last_reset,
         )
+        if st.batch_failed:
+            doc = doc.model_copy(update={"failed_jobs": dict(sorted(st.batch_failed.items()))})
         if plan.rollouts is not None and plan.rollouts.rollouts:
             doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
         full = summary.model_copy(

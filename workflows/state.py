@@ -100,6 +100,16 @@ class LoopState:
     resets: int = 0
     last_reset: str = ""
     last_reset_run: str = ""
+    # batch jobs (workflows.batch): their ids, kept with ``jobs``; each group's done
+    # ordinals (from the store at a run's start, then from reports); the replicas
+    # that completed since the last pass; gang members that exited 0 while the rest
+    # of their gang runs (by the node they ran on)
+    batch: dict[str, None] = field(default_factory=dict)
+    done: dict[tuple[str, str], set[int]] = field(default_factory=dict)
+    completed: dict[str, None] = field(default_factory=dict)
+    exited: dict[str, str] = field(default_factory=dict)
+    batch_failed: dict[str, str] = field(default_factory=dict)  # job -> run: why
+    why_failed: dict[str, str] = field(default_factory=dict)  # this pass's: run -> message
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -131,6 +141,8 @@ class LoopState:
             resets=cp.resets,
             last_reset=cp.last_reset,
             last_reset_run=cp.last_reset_run,
+            exited=dict(cp.exited),
+            batch_failed=dict(cp.batch_failed),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -162,6 +174,19 @@ class LoopState:
             resets=self.resets,
             last_reset=self.last_reset,
             last_reset_run=self.last_reset_run,
+            exited=self.exited,
+            batch_failed=self.batch_failed,
+        )
+
+    def watch_input(self) -> ac.WatchIn:
+        """The store watch from what the loop has seen (or heard of)."""
+        return ac.WatchIn(
+            cluster=self.cluster,
+            jobs_revision=max(self.jobs_revision, self.known_revision),
+            reports_seq=max(self.reports_seq, self.known_reports_seq),
+            heartbeat_ttl=self.opts.heartbeat_ttl,
+            max_seconds=self.opts.watch_seconds,
+            poll=self.opts.watch_poll,
         )
 
     def next_wake(self, now: float) -> tuple[float, str]:

@@ -1,10 +1,9 @@
 """The node agent's loop: make this machine's processes match its bindings.
 
-Each step heartbeats through the store, reads the bindings of this node from the
-store (never a workflow query: see docs/architecture.md, "Queries can wedge
-replay"), starts what is bound and not running, stops what is running and no longer
-bound, and reports what happened as task reports, which the cluster loop reads in
-batches.
+Each step heartbeats through the store, reads this node's bindings from the store
+(never a workflow query: see docs/architecture.md, "Queries can wedge replay"),
+starts what is bound and not running, stops what is running and no longer bound,
+and reports what happened as task reports, which the cluster loop reads in batches.
 
 The agent never restarts a replica on its own: an ended replica is reported and
 left ended until the loop releases its binding (and, by its reschedule policy,

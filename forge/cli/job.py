@@ -12,14 +12,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from forge.cli.params import NAME, Checked, cluster_option, replicas, store_option, temporal_options
-from forge.cli.remote import (
-    open_existing_store,
-    print_json,
-    remote,
-    safe_url,
-    settings,
-    store_call,
-)
+from forge.cli.remote import open_existing_store, print_json, remote, safe_url, settings, store_call
+from forge.cli.wait import wait
 from forge.core.models import Assignment, AssignmentStatus, Job
 from forge.errors import NotFound
 from forge.loaders import load_jobs
@@ -420,4 +414,5 @@ def _group_status(
     }
 
 
+job.add_command(wait)
 COMMANDS = [job]

@@ -22,6 +22,8 @@ __all__ = [
     "all_assignments",
     "all_nodes",
     "assignment_views",
+    "batch_state",
+    "completed_runs",
     "explanation",
     "node_usage",
     "published",
@@ -119,3 +121,36 @@ def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:
         bindings=bindings,
         preemptions=doc.recent_preemptions if doc is not None else (),
     )
+
+
+def completed_runs(store: Store, cluster: str, job_id: str, page: int = STORE_PAGE) -> list[str]:
+    """A batch job's completed runs (their workload ids), page by page: a job's ids
+    sort together, right after ``JOB/``."""
+    prefix, out, after = f"{job_id}/", [], f"{job_id}/"
+    while True:
+        got = store.completions(cluster, after, page)
+        mine = [w for w in got if w.startswith(prefix)]
+        out.extend(mine)
+        if len(got) < page or len(mine) < len(got):
+            return out
+        after = got[-1]
+
+
+def batch_state(store: Store, cluster: str, job_id: str) -> tuple[str, str] | None:
+    """``(state, what)`` of a batch job as the store holds it: ``complete`` once
+    every desired run completed, ``failed`` once the loop published it failed for
+    good, else ``running``; None: no such job."""
+    job = store.get_job(cluster, job_id)
+    if job is None:
+        return None
+    desired = sum(g.scaling.desired for g in job.groups)
+    if job.type != "batch":
+        return "service", f"job {job_id} is a {job.type} job: it runs until stopped"
+    done = len(completed_runs(store, cluster, job_id))
+    doc = published(store, cluster)
+    failed = doc.failed_jobs.get(job_id) if doc is not None else None
+    if failed is not None:
+        return "failed", f"{done}/{desired} runs complete; {failed}"
+    if done >= desired:
+        return "complete", f"{done}/{desired} runs complete"
+    return "running", f"{done}/{desired} runs complete"

@@ -8,12 +8,13 @@ to build and unpack as one).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from forge.core.models import Job, Request, TaskGroup
 
 __all__ = [
+    "Bound",
     "Group",
     "GroupKey",
     "Groups",
@@ -36,6 +37,23 @@ class Group(NamedTuple):
 
 
 Groups = Mapping[GroupKey, Group]
+
+
+class Bound:
+    """A carried pass's bound count per group, read from the carry's index (which
+    the release phase and rollout stops keep current) instead of copied whole."""
+
+    __slots__ = ("by_group",)
+
+    def __init__(self, by_group: Mapping[GroupKey, Mapping[str, None]]) -> None:
+        self.by_group = by_group
+
+    def get(self, key: GroupKey, default: int = 0) -> int:
+        held = self.by_group.get(key)
+        return len(held) if held else default
+
+    def items(self) -> Iterable[tuple[GroupKey, int]]:
+        return ((k, len(v)) for k, v in self.by_group.items())
 
 
 def groups_of(jobs: Mapping[str, Job]) -> dict[GroupKey, Group]:

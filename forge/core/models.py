@@ -39,6 +39,7 @@ from forge.core.fields import (
     Seconds,
     ShortStr,
 )
+from forge.core.kinds import JobType, check_batch, kind_defaults
 from forge.core.limits import (
     GPU_MILLI,
     MAX_ARGS,
@@ -65,6 +66,7 @@ from forge.core.policies import (
     ReschedulePolicy,
     ScalingPolicy,
 )
+from forge.core.request import Request
 from forge.core.rollout import UpdatePolicy
 
 __all__ = [
@@ -335,7 +337,7 @@ class TaskGroup(Evolving):
 
 
 class Job(Evolving):
-    _new_fields = ("preemption",)
+    _new_fields = ("preemption", "type")
 
     id: Name = Field(default="", validate_default=False)
     name: Name
@@ -343,12 +345,17 @@ class Job(Evolving):
     #: ``never``: the job's replicas wait for capacity rather than preempt lower
     #: priority work (they may still be preempted themselves).
     preemption: Literal["allowed", "never"] = "allowed"
+    #: What a replica's end means (forge.core.kinds): a ``service`` replica is
+    #: restarted whenever it ends; a ``batch`` replica whose tasks all exit 0 is
+    #: complete and never runs again.
+    type: JobType = "service"
     groups: tuple[TaskGroup, ...] = Field(min_length=1, max_length=MAX_GROUPS)
 
     @model_validator(mode="before")
     @classmethod
-    def _default_id(cls, data: object) -> object:
+    def _defaults(cls, data: object) -> object:
         # only an absent / empty id defaults to the name: ``id: 0`` stays an error
+        data = kind_defaults(data)
         if isinstance(data, dict) and data.get("id") in (None, "") and "name" in data:
             return {**data, "id": data["name"]}
         return data
@@ -361,6 +368,12 @@ class Job(Evolving):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate group names: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> Self:
+        if self.type == "batch":
+            check_batch(self.groups)
         return self
 
     @model_validator(mode="after")
@@ -415,25 +428,3 @@ def _json_bound(job: Job) -> int:
             fixed += 512 + 8 * len(words)
             chars += sum(map(len, words))
     return fixed + 6 * chars
-
-
-class Request(Model):
-    """What one replica of a group needs from a node (derived, never user-written).
-
-    ``gpu_milli`` 1..999 (with ``gpu`` 1) asks a share of one device; 0 asks
-    ``gpu`` whole devices. ``tolerations`` are the group's: taints are a static
-    rule like GPU models, so they belong to the equivalence class.
-    """
-
-    cpu: Int
-    memory: Int
-    gpu: Int = 0
-    gpu_memory: Int = 0
-    gpu_models: tuple[str, ...] = ()
-    gpu_milli: Int = 0
-    tolerations: tuple[Toleration, ...] = ()
-
-    @property
-    def milli(self) -> int:
-        """Milli-GPU asked in all: a share, or 1000 per whole device."""
-        return self.gpu_milli if self.gpu_milli else GPU_MILLI * self.gpu

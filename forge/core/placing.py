@@ -14,9 +14,9 @@ keeps what it reads in local variables and calls out only for the rare cases.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 
-from forge.core.groups import Group, GroupKey, Groups
+from forge.core.groups import Bound, Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
@@ -24,24 +24,7 @@ from forge.core.preempting import PREEMPTED, Wanted
 from forge.core.queue import Parked, SortKey
 from forge.core.waiting import Deferred, backoff_delay, waiting
 
-__all__ = ["Bound", "Placing", "binding"]
-
-
-class Bound:
-    """A carried pass's bound count per group, read from the carry's index (which
-    the release phase and rollout stops keep current) instead of copied whole."""
-
-    __slots__ = ("by_group",)
-
-    def __init__(self, by_group: Mapping[GroupKey, Mapping[str, None]]) -> None:
-        self.by_group = by_group
-
-    def get(self, key: GroupKey, default: int = 0) -> int:
-        held = self.by_group.get(key)
-        return len(held) if held else default
-
-    def items(self) -> Iterable[tuple[GroupKey, int]]:
-        return ((k, len(v)) for k, v in self.by_group.items())
+__all__ = ["Placing", "binding"]
 
 
 class Placing:
@@ -68,8 +51,11 @@ class Placing:
         capacity_freed: bool,
         budget: int,
         parked: dict[GroupKey, Parked[PendingEntry]] | None = None,
+        done: Mapping[GroupKey, Collection[int]] | None = None,
     ) -> None:
         self.plan, self.groups, self.placer = plan, groups, placer
+        #: batch groups' completed ordinals: never placed again (forge.core.kinds)
+        self.done: Mapping[GroupKey, Collection[int]] = done or {}
         #: groups whose replicas all waited, carried between passes (Parked); a pass
         #: without a carry keeps its own, so it plans exactly what a carried one does
         self.parked: dict[GroupKey, Parked[PendingEntry]] = {} if parked is None else parked
@@ -144,6 +130,8 @@ class Placing:
                 self.tail_left = sum(
                     groups[key].spec.scaling.desired - bound.get(key, 0) for key in self.tail
                 )
+            if self.done:
+                self.tail_left -= sum(len(self.done.get(key) or ()) for key in self.tail)
         self._retry_held_back()
 
     def _group(self, entry: Group, bound: int) -> bool:
@@ -161,6 +149,8 @@ class Placing:
         if g.gang and options.gangs:
             return self._gang(entry, topo)
         key = (job.id, g.name)
+        finished = self.done.get(key, ()) if self.done else ()
+        bound += len(finished)  # done ordinals count as held: nothing to place
         if topo is None and self._still_parked(key, entry, bound):
             return False
         waiting_now = 0
@@ -168,7 +158,7 @@ class Placing:
         walked: dict[str, PendingEntry] | None = {} if topo is None else None
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
-            if wid in bindings:
+            if wid in bindings or ordinal in finished:
                 continue
             self.visited += 1
             prev = pending.get(wid)
@@ -211,10 +201,7 @@ class Placing:
             plan.placed.append(b)
             self.placed += 1
             bound += 1
-        if walked:
-            self._park(key, entry, bound, walked)
-        else:
-            self.parked.pop(key, None)
+        self._park(key, entry, bound, walked)
         return False
 
     def _still_parked(self, key: GroupKey, entry: Group, bound: int) -> bool:
@@ -246,8 +233,12 @@ class Placing:
         return True
 
     def _park(
-        self, key: GroupKey, entry: Group, bound: int, walked: dict[str, PendingEntry]
+        self, key: GroupKey, entry: Group, bound: int, walked: dict[str, PendingEntry] | None
     ) -> None:
+        """Park a group whose unbound replicas all waited (``walked``); else unpark it."""
+        if not walked:
+            self.parked.pop(key, None)
+            return
         until = min(w.not_before for w in walked.values())
         backoff = any(w.kind == "backoff" for w in walked.values())
         self.parked[key] = Parked(entry, bound, until, backoff, walked)
@@ -293,9 +284,10 @@ class Placing:
         bindings, pending, failures = plan.bindings, self.pending, self.failures
         missing: list[tuple[int, str]] = []
         waits: dict[str, PendingEntry] = {}
+        finished = self.done.get((job.id, g.name)) if self.done else None
         for ordinal in range(g.scaling.desired):
             wid = workload_id(job.id, g.name, ordinal)
-            if wid in bindings:
+            if wid in bindings or (finished and ordinal in finished):
                 continue
             self.visited += 1
             missing.append((ordinal, wid))

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from forge.core.groups import (
+    Bound,
     Group,
     GroupKey,
     groups_of,
@@ -42,7 +43,7 @@ from forge.core.groups import (
 )
 from forge.core.models import Job, Node, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, Placer
-from forge.core.placing import Bound, Placing
+from forge.core.placing import Placing
 from forge.core.plan import (
     DEFAULT_GPU_RESERVE,
     Algorithm,
@@ -56,7 +57,7 @@ from forge.core.queue import Queue, SortKey
 from forge.core.release import Carry
 from forge.core.releasing import Releasing
 from forge.core.rolling import GroupRollout
-from forge.core.visiting import incomplete, ordered, to_visit
+from forge.core.visiting import Done, incomplete, ordered, to_visit
 from forge.core.waiting import backoff_delay, defer_groups, reschedule_delay
 
 __all__ = [
@@ -102,14 +103,21 @@ def reconcile(
     promoted: Mapping[str, None] = {},
     health: Mapping[str, bool] = {},
     jobs_changed: Collection[str] | None = None,
+    done: Done | None = None,
+    completed: Collection[str] = (),
 ) -> Plan:
     """Plan one pass. Inputs are not mutated (except ``carry``, which the pass
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
     the carry's are the current ones). Mapping iteration orders must be
     deterministic (the workflow builds its dicts deterministically).
     ``jobs_changed`` (with a carry): the ids of the jobs that may differ from the
-    carry's pass; every other job must be the same object (None: compare all)."""
+    carry's pass; every other job must be the same object (None: compare all).
+    ``done``: batch groups' completed ordinals, never placed again; ``completed``:
+    the replicas that completed since the last pass (their ordinals already in
+    ``done``), released without counting as failures (forge.core.kinds)."""
     p = _Pass(jobs, nodes, pending, failures, failed, now, options, carry, jobs_changed)
+    p.done, p.completed = done or {}, set(completed)
+    p.failed |= p.completed  # released as failed ones are, but no failure
     p.release(bindings)
     p.drain()
     if options.rollouts:
@@ -164,6 +172,8 @@ class _Pass(Releasing):
         #: the failure histories as this pass leaves them (releases add to them)
         self.failures = dict(failures)
         self.failed = set(failed)
+        self.completed: set[str] = set()
+        self.done: Done = {}
         self.just_failed: set[str] = set()
         self.node_ok: dict[tuple[str, GroupKey], bool] = {}
         self.changed_jobs = carry.changed_jobs(jobs, jobs_changed) if carry is not None else []
@@ -226,7 +236,7 @@ class _Pass(Releasing):
         self.queue = queue
         plan.desired = queue.desired
         self.visit: list[tuple[SortKey, GroupKey]] = to_visit(
-            self.groups, queue, self.changed_jobs, self.jobs, plan.dropped, self.bound
+            self.groups, queue, self.changed_jobs, self.jobs, plan.dropped, self.bound, self.done
         )
         # The release phase cannot stop half-way (it accounts every binding), so it
         # is charged first; placement keeps at least a quarter of the budget so that
@@ -246,6 +256,7 @@ class _Pass(Releasing):
             capacity_freed=capacity_freed,
             budget=self.budget,
             parked=queue.parked,
+            done=self.done,
         )
         placing.run(self.visit, queue.last_asking())
         self.stop: int | None = placing.stop
@@ -345,7 +356,7 @@ class _Pass(Releasing):
         if carry is None:
             carry = Carry.build(jobs, self.nodes, self.cluster, plan.bindings)
             carry.draining = dict.fromkeys(plan.drain_held)
-            queue.incomplete = incomplete(groups, carry.by_group, groups)
+            queue.incomplete = incomplete(groups, carry.by_group, groups, self.done)
             queue.order, queue.visiting = None, []  # not in order: the next pass sorts them
         else:
             for b in plan.placed:
@@ -364,7 +375,7 @@ class _Pass(Releasing):
             stop = len(self.visit) if self.stop is None else self.stop
             keys = [k for _, k in self.visit[:stop]]
             keys.extend(sorted(preempted))  # the victims' groups now miss a replica
-            queue.incomplete = incomplete(keys, carry.by_group, groups)
+            queue.incomplete = incomplete(keys, carry.by_group, groups, self.done)
             queue.incomplete.update(k for _, k in self.visit[stop:])
             queue.order = ordered(queue, queue.incomplete, groups)
         carry.groups = groups

@@ -20,17 +20,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from forge.core.disruption import budget_left
-from forge.core.groups import Group, GroupKey
+from forge.core.groups import Bound, Group, GroupKey
 from forge.core.models import Job, Node, workload_id
 from forge.core.placement import Binding, Cluster
-from forge.core.placing import Bound
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.release import DRAINING, Carry, release_all, release_changed
 from forge.core.rolling import GroupRollout, plan_rollouts
 from forge.core.rollout import BUDGET_WAIT
 from forge.core.spread_down import SPREAD_DOWN, spread_moves
 
-__all__ = ["MEMBER_LOST", "RELEASE_UNITS", "Releasing"]
+__all__ = ["COMPLETE", "MEMBER_LOST", "RELEASE_UNITS", "Releasing"]
+
+#: The release reason of a batch replica whose tasks all exited 0.
+COMPLETE = "complete"
 
 #: Work units one binding costs the release phase (a node check costs one).
 RELEASE_UNITS = 2
@@ -64,6 +66,7 @@ class Releasing:
     given_failures: Mapping[str, FailureHistory]
     failures: dict[str, FailureHistory]
     failed: set[str]
+    completed: set[str]
     just_failed: set[str]
     node_ok: dict[tuple[str, GroupKey], bool]
     changed_jobs: list[str]
@@ -76,7 +79,11 @@ class Releasing:
     limited: set[GroupKey]
 
     def _release(self, wid: str, b: Binding, reason: str) -> None:
-        """Release one binding; a failed one enters its failure history."""
+        """Release one binding; a failed one enters its failure history. A batch
+        replica that completed is released as failed ones are (it is in ``failed``)
+        but says so and is no failure."""
+        if reason == "failed" and wid in self.completed:
+            reason = COMPLETE
         self.plan.released.append((wid, reason))
         self.plan.dropped.append(b)
         if reason == "failed":

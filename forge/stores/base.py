@@ -334,6 +334,11 @@ class Store(Protocol):
         """The status document the loop last published with a delta (JSON)."""
         ...
 
+    def completions(self, cluster: str, after: str = "", limit: int = 5000) -> list[str]:
+        """Batch replicas that completed (``Delta.complete``) with workload_id >
+        after, ordered by workload_id; a job's go when it is deleted."""
+        ...
+
     def fence(self, cluster: str) -> Fence | None:
         """The last applied fence, None if nothing was ever persisted."""
         ...

@@ -77,6 +77,7 @@ class _Cluster:
     usage: dict[str, _Usage] = field(default_factory=dict)
     states: dict[str, ReplicaState] = field(default_factory=dict)  # see next_state
     status: str | None = None
+    completions: dict[str, None] = field(default_factory=dict)  # batch replicas done
     versions: dict[tuple[str, str], list[GroupVersion]] = field(default_factory=dict)
 
 
@@ -141,6 +142,9 @@ class MemoryStore:
                 return None
             c.revision += 1
             c.jobs[job_id] = (c.revision, None)
+            prefix = f"{job_id}/"
+            for workload in [w for w in c.completions if w.startswith(prefix)]:
+                del c.completions[workload]
             return c.revision
 
     def get_job(self, cluster: str, job_id: str) -> Job | None:
@@ -200,12 +204,19 @@ class MemoryStore:
                 c.nodes[node.id] = node
             if delta.status is not None:
                 c.status = delta.status
+            for workload in delta.complete:
+                c.completions[workload] = None
             c.fence, c.digest = fence, digest
         return ApplyResult(applied=True, digest=digest)
 
     def loop_status(self, cluster: str) -> str | None:
         with self._lock:
             return self._cluster(cluster).status
+
+    def completions(self, cluster: str, after: str = "", limit: int = 5000) -> list[str]:
+        with self._lock:
+            done = sorted(w for w in self._cluster(cluster).completions if w > after)
+            return done[:limit]
 
     def fence(self, cluster: str) -> Fence | None:
         with self._lock:

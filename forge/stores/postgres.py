@@ -58,6 +58,7 @@ from forge.stores.sql import (
     SqlReads,
     forget_states,
     gpu_ids_json,
+    write_completions,
     write_jobs,
     write_nodes,
     write_reports,
@@ -151,6 +152,9 @@ class PostgresStore(SqlReads):
                 "UPDATE jobs SET revision = %s, spec = NULL WHERE cluster = %s AND job_id = %s",
                 (revision, cluster, job_id),
             )
+            cur.execute(
+                "DELETE FROM completions WHERE cluster = %s AND job = %s", (cluster, job_id)
+            )
         return revision
 
     # -- actual state --------------------------------------------------------------
@@ -195,6 +199,8 @@ class PostgresStore(SqlReads):
                 write_nodes(cur, "postgres", cluster, delta.nodes_upsert)
             if delta.status is not None:
                 write_status(cur, "postgres", cluster, delta.status)
+            if delta.complete:
+                write_completions(cur, "postgres", cluster, delta.complete)
             cur.execute(
                 "UPDATE fences SET generation = %s, pass_no = %s, digest = %s WHERE cluster = %s",
                 (fence.generation, fence.pass_no, digest, cluster),

@@ -110,9 +110,16 @@ class Delta(_Wire):
         description="the loop's published status (JSON, opaque to the store), replaced "
         "in the same transaction; not part of the digest",
     )
+    complete: list[str] = Field(
+        default_factory=list,
+        description="batch replicas that completed (released in this delta too): "
+        "recorded for good, until their job is deleted; not part of the digest",
+    )
 
     def is_empty(self) -> bool:
-        return not (self.bind or self.release or self.nodes_upsert or self.nodes_remove)
+        return not (
+            self.bind or self.release or self.nodes_upsert or self.nodes_remove or self.complete
+        )
 
 
 class GroupVersion(_Wire):

@@ -40,6 +40,7 @@ from forge.stores.sql_dialect import (
 )
 from forge.stores.sql_writes import (
     forget_states,
+    write_completions,
     write_jobs,
     write_nodes,
     write_reports,
@@ -55,6 +56,7 @@ __all__ = [
     "forget_states",
     "gpu_ids_json",
     "sql",
+    "write_completions",
     "write_jobs",
     "write_nodes",
     "write_reports",
@@ -159,6 +161,16 @@ class SqlReads:
     def loop_status(self, cluster: str) -> str | None:
         row = self._one(self._q("SELECT doc FROM loop_status WHERE cluster = ?"), (cluster,))
         return str(row[0]) if row is not None else None
+
+    def completions(self, cluster: str, after: str = "", limit: int = 5000) -> list[str]:
+        rows = self._all(
+            self._q(
+                "SELECT workload_id FROM completions WHERE cluster = ? AND workload_id > ?"
+                " ORDER BY workload_id LIMIT ?"
+            ),
+            (cluster, after, limit),
+        )
+        return [str(r[0]) for r in rows]
 
     def fence(self, cluster: str) -> Fence | None:
         row = self._one(

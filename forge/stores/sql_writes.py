@@ -146,6 +146,18 @@ def write_status(db: Executor, dialect: Dialect, cluster: str, doc: str) -> None
     )
 
 
+def write_completions(db: Executor, dialect: Dialect, cluster: str, done: list[str]) -> None:
+    """Record batch replicas that completed; one written again is left as it is."""
+    db.executemany(
+        sql(
+            "INSERT INTO completions (cluster, workload_id, job) VALUES (?, ?, ?)"
+            " ON CONFLICT (cluster, workload_id) DO NOTHING",
+            dialect,
+        ),
+        [(cluster, w, w.split("/", 1)[0]) for w in done],
+    )
+
+
 def _states(
     db: Executor, dialect: Dialect, cluster: str, workloads: list[str]
 ) -> dict[str, ReplicaState]:

@@ -48,6 +48,7 @@ from forge.stores.sql import (
     SqlReads,
     forget_states,
     gpu_ids_json,
+    write_completions,
     write_jobs,
     write_nodes,
     write_reports,
@@ -225,6 +226,7 @@ class SqliteStore(SqlReads):
                 "UPDATE jobs SET revision = ?, spec = NULL WHERE cluster = ? AND job_id = ?",
                 (revision, cluster, job_id),
             )
+            db.execute("DELETE FROM completions WHERE cluster = ? AND job = ?", (cluster, job_id))
         return revision
 
     @staticmethod
@@ -278,6 +280,8 @@ class SqliteStore(SqlReads):
                 write_nodes(db, "sqlite", cluster, delta.nodes_upsert)
             if delta.status is not None:
                 write_status(db, "sqlite", cluster, delta.status)
+            if delta.complete:
+                write_completions(db, "sqlite", cluster, delta.complete)
             db.execute(
                 "INSERT INTO fences (cluster, generation, pass_no, digest) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (cluster) DO UPDATE SET generation = excluded.generation,"

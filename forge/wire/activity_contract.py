@@ -25,12 +25,15 @@ __all__ = [
     "ACT_PERSIST",
     "ACT_READ_REPORTS",
     "ACT_SNAPSHOT_ASSIGNMENTS",
+    "ACT_SNAPSHOT_COMPLETIONS",
     "ACT_SNAPSHOT_NODES",
     "ACT_WATCH",
     "ACT_WRITE_JOBS",
+    "JOB_EXTRAS",
     "AssignmentRows",
     "BindRow",
     "ClusterRef",
+    "CompletionsPage",
     "GroupSpecIn",
     "GroupSpecOut",
     "Intake",
@@ -65,6 +68,7 @@ ACT_READ_REPORTS = "forge.read_reports"
 ACT_METRICS = "forge.metrics"
 ACT_GROUP_SPEC = "forge.group_spec"
 ACT_INTAKE = "forge.intake"
+ACT_SNAPSHOT_COMPLETIONS = "forge.snapshot_completions"
 
 #: (job, group, ordinal, node, gpu_ids, cpu, memory, status[, gpu_milli]): the share
 #: of a shared GPU only when there is one, so rows (and digests) of whole-device
@@ -107,6 +111,13 @@ class AssignmentRows(_Msg):
     next_after: str | None
 
 
+class CompletionsPage(_Msg):
+    """Batch replicas that completed (``Store.completions``), a page of them."""
+
+    done: list[str]
+    next_after: str | None
+
+
 class JobChangesIn(_Msg):
     cluster: str
     since: int
@@ -114,8 +125,15 @@ class JobChangesIn(_Msg):
 
 
 #: One job change in a compact page: (revision, job id, name (None: deleted),
-#: priority, the indexes of its groups in the page's ``groups``).
-JobRow = tuple[int, str, str | None, int, list[int]]
+#: priority, the indexes of its groups in the page's ``groups``[, the job's other
+#: fields that are not their default: ``preemption``, ``type``]).
+JobRow = (
+    tuple[int, str, str | None, int, list[int]]
+    | tuple[int, str, str | None, int, list[int], dict[str, str]]
+)
+
+#: The job fields a compact row carries beside name, priority and groups, when set.
+JOB_EXTRAS = ("preemption", "type")
 
 
 class JobsPage(_Msg):
@@ -132,17 +150,17 @@ class JobsPage(_Msg):
     def jobs(self) -> list[tuple[str, Job | None]]:
         groups = self.groups
         out: list[tuple[str, Job | None]] = []
-        for _, job_id, name, priority, idx in self.rows:
+        for row in self.rows:
+            _, job_id, name, priority, idx = row[:5]
             if name is None:
                 out.append((job_id, None))
                 continue
             shared = tuple(groups[i] for i in idx)
-            out.append(
-                (
-                    job_id,
-                    Job.model_construct(id=job_id, name=name, priority=priority, groups=shared),
-                )
+            extra: dict[str, Any] = dict(row[5]) if len(row) > 5 else {}
+            job = Job.model_construct(
+                id=job_id, name=name, priority=priority, groups=shared, **extra
             )
+            out.append((job_id, job))
         return out
 
 
@@ -188,6 +206,8 @@ class PersistIn(_Msg):
     #: loaded), measured the same way and returned the same way: what a replay of
     #: the run costs, counted by time (workflows.patches.REPLAY_SECONDS)
     work_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: batch replicas that completed, released in this persist too (left out when none)
+    complete: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class WatchIn(_Msg):
@@ -223,8 +243,14 @@ class ReportsOut(_Msg):
         description="workload id -> the latest health verdict in the page (a running "
         "replica's check passed or failed); left out of the JSON when empty",
     )
+    failures: dict[str, str] = Field(
+        default_factory=dict,
+        description="workload id -> the message of its latest report when that says "
+        "it failed (its exit status); a batch job failed for good shows it; left out "
+        "of the JSON when empty",
+    )
 
-    _omit = omit_defaults("health")
+    _omit = omit_defaults("health", "failures")
 
 
 class MetricsIn(_Msg):
@@ -290,6 +316,7 @@ def to_delta(p: PersistIn, *, validate: bool) -> Delta:
             nodes_upsert=list(p.nodes_upsert),
             nodes_remove=list(p.nodes_remove),
             status=p.status,
+            complete=list(p.complete),
         )
     return Delta.model_construct(
         bind=binds,
@@ -297,4 +324,5 @@ def to_delta(p: PersistIn, *, validate: bool) -> Delta:
         nodes_upsert=list(p.nodes_upsert),
         nodes_remove=list(p.nodes_remove),
         status=p.status,
+        complete=list(p.complete),
     )

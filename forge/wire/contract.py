@@ -226,8 +226,15 @@ class Checkpoint(_Msg):
     resets: int = 0
     last_reset: str = ""
     last_reset_run: str = ""
+    #: batch gangs' members that exited 0 while the rest still run (workflows.batch):
+    #: a gang completes whole, and these will not report again
+    exited: dict[str, str] = Field(default_factory=dict)
+    #: batch jobs failed for good: job id -> the run and why
+    batch_failed: dict[str, str] = Field(default_factory=dict)
 
     _omit = omit_defaults(
+        "exited",
+        "batch_failed",
         "health",
         "max_work",
         "preemptions",

@@ -175,8 +175,15 @@ class LoopStatus(_Msg):
         default=0, description="runs the workers' watchdog reset since the cluster started"
     )
     last_reset: str = Field(default="", description="the last reset's cause")
+    failed_jobs: dict[str, str] = Field(
+        default_factory=dict,
+        description="batch jobs that failed for good (a run's reschedule attempts "
+        "exhausted): job id -> the run and why (forge job wait reads it)",
+    )
 
-    _omit = omit_defaults("rollouts", "preemptions", "recent_preemptions", "resets", "last_reset")
+    _omit = omit_defaults(
+        "rollouts", "preemptions", "recent_preemptions", "resets", "last_reset", "failed_jobs"
+    )
 
 
 class AssignmentsQuery(_Msg):

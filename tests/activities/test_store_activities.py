@@ -12,12 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.testing import ActivityEnvironment
 
-from activities.store_activities import PAGE_BYTES, StoreActivities, compact_specs, within_bytes
+from activities.pages import PAGE_BYTES, compact_specs, within_bytes
+from activities.store_activities import StoreActivities
 from forge.core.models import GpuDevice, Job, Node
-from forge.stores.base import Delta, Fence
+from forge.stores.base import Delta, Fence, TaskReport
 from forge.stores.memory import MemoryStore
 from forge.stores.sqlite import SqliteStore
-from forge.wire.activity_contract import JobChangesIn, PageIn
+from forge.wire.activity_contract import JobChangesIn, JobsPage, PageIn, ReportsIn, ReportsOut
 from tests.strategies import jobs
 
 
@@ -151,3 +152,48 @@ def test_a_stored_spec_of_another_shape_is_read_whole() -> None:
     odd = json.dumps({"groups": spec["groups"], "priority": 7, "name": "a", "id": "a"})
     page = compact_specs([(1, "a", odd), (2, "b", None)], 2, False)
     assert dict(page.jobs()) == {"a": job.model_copy(update={"priority": 7}), "b": None}
+
+
+def test_a_reload_keeps_a_jobs_preemption_and_type() -> None:
+    """``preemption: never`` and ``type: batch`` are job fields beside the groups: a
+    page that dropped them made a reloaded job preemptible and a batch job a service
+    (the runs it had completed then ran again)."""
+    base = {"name": "a", "groups": [{"name": "g", "tasks": [{"name": "t",
+            "resources": {"cpu": 100, "memory": 64}}]}]}  # fmt: skip
+    job = Job.model_validate({**base, "preemption": "never", "type": "batch"})
+    plain = Job.model_validate({**base, "id": "p", "name": "p"})
+    page = compact_specs(
+        [(1, "a", job.model_dump_json()), (2, "p", plain.model_dump_json())], 2, False
+    )
+    assert dict(page.jobs()) == {"a": job, "p": plain}
+    assert len(page.rows[1]) == 5  # a plain row keeps the shape it had
+    again = JobsPage.model_validate_json(page.model_dump_json())  # through history
+    assert dict(again.jobs()) == {"a": job, "p": plain}
+
+
+def test_a_report_page_keeps_each_failed_runs_last_message_and_only_while_it_stands() -> None:
+    """A batch job failed for good says why its run failed (its exit status): the page
+    carries the message of each run whose latest report is a failure, no other."""
+    store = MemoryStore()
+    at = 1.0
+
+    def rep(wid: str, status: str, message: str = "") -> TaskReport:
+        return TaskReport(workload_id=wid, status=status, at=at, node="n", message=message)
+
+    store.report(
+        "c",
+        [
+            rep("j/g/0", "running"),
+            rep("j/g/0", "failed", "task t exited with status 3"),
+            rep("j/g/1", "failed", "task t exited with status 1"),
+            rep("j/g/1", "running", "started"),
+            rep("j/g/2", "exited", "task t exited with status 0"),
+        ],
+    )
+    out = ActivityEnvironment().run(
+        StoreActivities(store).read_reports, ReportsIn(cluster="c", seq=0, limit=100)
+    )
+    assert out.failures == {"j/g/0": "task t exited with status 3"}
+    assert dict(out.statuses) == {"j/g/0": "failed", "j/g/1": "running", "j/g/2": "exited"}
+    quiet = ReportsOut(statuses=[("j/g/1", "running")], last_seq=1)
+    assert "failures" not in quiet.model_dump_json()  # histories without failures keep their shape

@@ -1037,3 +1037,25 @@ def test_assignments_keep_the_version_they_run(store: Store) -> None:
     assert delta_digest(Delta(bind=[plain])) == delta_digest(
         Delta(bind=[Assignment.model_validate(plain.model_dump())])
     )
+
+
+def test_completions_are_recorded_with_their_release_and_go_with_their_job(store: Store) -> None:
+    store.put_job(C, make_job("b"))
+    store.put_job(C, make_job("bb"))
+    store.apply_delta(C, Fence(1, 1), Delta(bind=[bound("b", "api", i) for i in range(3)]))
+    store.apply_delta(
+        C, Fence(1, 2), Delta(release=["b/api/0", "b/api/2"], complete=["b/api/2", "b/api/0"])
+    )
+    assert [a.workload_id for a in store.assignments(C)] == ["b/api/1"]
+    assert store.completions(C) == ["b/api/0", "b/api/2"]
+    assert store.completions(C, after="b/api/0") == ["b/api/2"]
+    assert store.completions(C, limit=1) == ["b/api/0"]
+    # a retried persist (same fence) writes nothing twice; a later one may repeat a row
+    store.apply_delta(
+        C, Fence(1, 2), Delta(release=["b/api/0", "b/api/2"], complete=["b/api/2", "b/api/0"])
+    )
+    store.apply_delta(C, Fence(1, 3), Delta(complete=["b/api/0", "bb/api/0"]))
+    assert store.completions(C) == ["b/api/0", "b/api/2", "bb/api/0"]
+    assert store.completions("other") == []
+    store.delete_job(C, "b")  # job "bb" shares the prefix "b", not the job
+    assert store.completions(C) == ["bb/api/0"]

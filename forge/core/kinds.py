@@ -1,0 +1,98 @@
+"""Kinds of work: what the end of a replica means, by its job's ``type``.
+
+The loop hears a replica's end from its agent as ``failed`` (a task exited
+non-zero, could not start, or was killed) or ``exited`` (every task exited 0). What
+follows is the kind's rule, kept here rather than in the loop:
+
+* ``service`` (Nomad's service, a Kubernetes Deployment): work that should never
+  end, so any end is a failure, restarted under the group's ``reschedule`` policy;
+* ``batch`` (Nomad's batch, a Kubernetes indexed Job): an ordinal whose tasks all
+  exited 0 is **complete**: its binding is released at once and it is never placed
+  again (:mod:`forge.core.reconcile` takes the done ordinals); a non-zero exit is a
+  failure, retried under ``reschedule`` like a service's. A gang completes whole:
+  its members that exited 0 keep their place until every member has.
+
+A batch job's groups neither autoscale nor roll (there is nothing to keep serving
+while an update rolls): :func:`check_batch` refuses ``autoscale`` and ``update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+__all__ = [
+    "BATCH_RESCHEDULE",
+    "JOB_TYPES",
+    "Ending",
+    "JobType",
+    "check_batch",
+    "ending",
+    "kind_defaults",
+]
+
+JobType = Literal["service", "batch"]
+JOB_TYPES: tuple[JobType, ...] = ("service", "batch")
+
+#: What a replica's end is to the loop.
+Ending = Literal["failed", "complete"]
+
+
+def ending(job_type: str, status: str) -> Ending | None:
+    """The meaning of an agent's ``status`` for a replica of a job of ``job_type``;
+    None: it has not ended (``running``)."""
+    if status == "failed":
+        return "failed"
+    if status == "exited":
+        return "complete" if job_type == "batch" else "failed"
+    return None
+
+
+class _Group(Protocol):
+    """What :func:`check_batch` reads of a task group (models import this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def autoscale(self) -> object | None: ...
+    @property
+    def update(self) -> object | None: ...
+
+
+#: A batch group's ``reschedule`` when it sets none: Nomad's batch defaults (one
+#: retry within a day, after 5 s). A service's (3 an hour, exponential) suits work
+#: that must stay up; a run that failed twice has most likely failed for a reason.
+BATCH_RESCHEDULE = {"attempts": 1, "interval": 86400.0, "delay": 5.0, "delay_function": "constant"}
+
+
+def kind_defaults(data: object) -> object:
+    """A job's raw fields with its kind's defaults filled in (before validation, so
+    the stored spec says what applies): what a batch group's ``reschedule`` leaves
+    out comes from :data:`BATCH_RESCHEDULE`, field by field as in Nomad."""
+    if not isinstance(data, dict) or data.get("type") != "batch":
+        return data
+    groups = data.get("groups")
+    if not isinstance(groups, list | tuple):
+        return data  # the model's own error names it
+    filled = [
+        {**g, "reschedule": {**BATCH_RESCHEDULE, **(g.get("reschedule") or {})}}
+        if isinstance(g, dict) and isinstance(g.get("reschedule") or {}, dict)
+        else g
+        for g in groups
+    ]
+    return {**data, "groups": filled}
+
+
+def check_batch(groups: Sequence[_Group]) -> None:
+    """Refuse what a batch job's groups cannot have, naming the field."""
+    for i, g in enumerate(groups):
+        if g.autoscale is not None:
+            raise ValueError(
+                f"groups.{i}.autoscale ({g.name}): a batch job does not autoscale; its "
+                "replicas run to completion (set scaling.desired to the number of runs)"
+            )
+        if g.update is not None:
+            raise ValueError(
+                f"groups.{i}.update ({g.name}): a batch job does not roll updates; a "
+                "changed spec applies to the runs not yet complete"
+            )

@@ -1,0 +1,130 @@
+"""Batch jobs with real agents (issue 32): runs that exit 0 complete and never run
+again, a kill -9 of the worker in the middle changes nothing of that, ``forge job
+wait`` returns 0 once every run completed, and a job whose run exits 3 ends failed
+(``forge job wait`` exit 1, the run named).
+
+Real ``forge agent`` processes, a ``worker.py`` process, a SQLite store and the
+``forge`` CLI as a pipeline runs it; which runs started is read from a file each run
+appends its workload id to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from forge.core.models import Job
+from tests.agent.cluster import AgentCluster, agent_cluster, call_failed
+from tests.e2e.procs import ROOT, eventually
+
+pytestmark = pytest.mark.slow
+
+
+def _batch(name: str, runs: int, code: str, *, attempts: int = 3) -> Job:
+    return Job.model_validate(
+        {
+            "name": name,
+            "type": "batch",
+            "groups": [
+                {
+                    "name": "main",
+                    "scaling": {"min": 0, "max": runs, "desired": runs},
+                    "reschedule": {"attempts": attempts, "delay": 0.5, "interval": 3600.0},
+                    "tasks": [
+                        {
+                            "name": "t",
+                            "command": [sys.executable, "-c", code],
+                            "resources": {"cpu": 1000, "memory": 64},
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def _wait(cl: AgentCluster, job: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "forge", "job", "wait", job, "--timeout", str(timeout)],
+        env={**os.environ, **cl.env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+    )
+
+
+@pytest_asyncio.fixture
+async def cluster(
+    dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[AgentCluster]:
+    name = f"batch-e2e-{uuid.uuid4().hex[:8]}"
+    async with agent_cluster(
+        dev_env,
+        tmp_path,
+        name,
+        ttl=6.0,
+        agent_flags=("--cpu", "2000"),
+        make=AgentCluster,
+        on_failure=lambda: call_failed(request),
+    ) as cl:
+        yield cl
+
+
+async def test_runs_complete_once_through_a_worker_kill_and_wait_returns_0(
+    cluster: AgentCluster,
+) -> None:
+    cl = cluster
+    cl.start_agent("a")
+    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    ran = cl.tmp / "ran.txt"
+    code = (
+        "import os, time; "
+        f"open({str(ran)!r}, 'a').write(os.environ['FORGE_WORKLOAD_ID'] + '\\n'); "
+        "time.sleep(2)"
+    )
+    first = await cl.fc.submit_job(_batch("train", 5, code))
+    assert (first.bound, first.pending) == (2, 3)  # room for two at a time
+
+    async def runs() -> list[str]:
+        return ran.read_text().split() if ran.exists() else []
+
+    await eventually(runs, lambda r: len(r) >= 3, timeout=60, what="a third run started")
+    cl.worker.kill9()  # mid-job: two runs done, others running or waiting
+    cl.new_worker()
+
+    waited = await asyncio.to_thread(_wait, cl, "train", 120)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert "complete: 5/5 runs complete" in waited.stdout
+    started = await runs()
+    assert sorted(started) == [f"train/main/{i}" for i in range(5)]  # each once
+    assert cl.store.completions(cl.name) == sorted(started)
+    assert [a for a in cl.store.assignments(cl.name) if a.job == "train"] == []
+
+
+async def test_a_run_that_exits_3_fails_the_job_and_wait_says_which(
+    cluster: AgentCluster,
+) -> None:
+    cl = cluster
+    cl.start_agent("a")
+    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    await cl.fc.submit_job(_batch("bad", 1, "import sys; sys.exit(3)", attempts=1))
+    waited = await asyncio.to_thread(_wait, cl, "bad", 120)
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "bad: failed: 0/1 runs complete; bad/main/0:" in waited.stdout
+    assert "exhausted" in waited.stdout and "exited with status 3" in waited.stdout
+    assert cl.store.completions(cl.name) == []
+
+    await cl.fc.submit_job(_batch("slow", 1, "import time; time.sleep(3600)"))
+    timed = await asyncio.to_thread(_wait, cl, "slow", 1)
+    assert timed.returncode == 124, timed.stdout + timed.stderr
+    await cl.fc.stop_job("slow")

@@ -1,0 +1,163 @@
+"""Batch jobs in the pure pass: a completed ordinal is released without counting as a
+failure, never placed again, and its room goes to the next pending run at once
+(forge.core.kinds, forge.core.reconcile's ``done`` and ``completed``)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import pytest
+
+from forge.core.kinds import ending
+from forge.core.models import DelayFunction, Job, Node, NodeState, ReschedulePolicy
+from forge.core.placement import Binding
+from forge.core.plan import Plan
+from forge.core.reconcile import Carry, reconcile
+from forge.core.visiting import Done
+from tests.builders import group, job, node
+
+
+def batch(jid: str, desired: int, *, gang: bool = False) -> Job:
+    g = group("g", desired, cpu=1000, memory=1024)
+    if gang:
+        g = g.model_copy(update={"gang": True})
+    return job(jid, g).model_copy(update={"type": "batch"})
+
+
+class Loop:
+    """Passes as the workflow runs them: the plan's bindings, pending and failures
+    carried to the next, with or without the incremental carry."""
+
+    def __init__(self, jobs: Mapping[str, Job], nodes: Mapping[str, Node], carried: bool) -> None:
+        self.jobs, self.nodes, self.carried = dict(jobs), dict(nodes), carried
+        self.bindings: dict[str, Binding] = {}
+        self.plan: Plan | None = None
+        self.carry: Carry | None = None
+        self.done: dict[tuple[str, str], set[int]] = {}
+        self.now = 1000.0
+
+    def run(self, *, completed: Collection[str] = (), failed: Collection[str] = ()) -> Plan:
+        for wid in completed:  # as the workflow does: done before the pass
+            j, g, o = wid.rsplit("/", 2)
+            self.done.setdefault((j, g), set()).add(int(o))
+        prev = self.plan
+        done: Done = {k: frozenset(v) for k, v in self.done.items()}
+        plan = reconcile(
+            jobs=self.jobs,
+            nodes=self.nodes,
+            bindings=self.bindings,
+            pending=prev.pending if prev else {},
+            failures=prev.failures if prev else {},
+            failed=failed,
+            now=self.now,
+            carry=self.carry if self.carried else None,
+            done=done,
+            completed=completed,
+            jobs_changed=None,
+        )
+        self.plan, self.carry = plan, plan.carry
+        self.bindings = dict(plan.bindings)
+        self.now += 1
+        return plan
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["full", "carried"])
+def test_a_completed_run_frees_its_room_for_the_next_in_the_same_pass(carried: bool) -> None:
+    loop = Loop({"b": batch("b", 3)}, {"n1": node("n1", cpu=2000, memory=4096)}, carried)
+    first = loop.run()
+    assert sorted(first.bindings) == ["b/g/0", "b/g/1"]
+    assert list(first.pending) == ["b/g/2"]
+
+    second = loop.run(completed=["b/g/0"])
+    assert ("b/g/0", "complete") in second.released
+    assert sorted(second.bindings) == ["b/g/1", "b/g/2"]  # placed in the room freed
+    assert "b/g/0" not in second.failures  # not a failure: no backoff, no attempt
+    assert "b/g/0" not in second.pending
+
+    third = loop.run(completed=["b/g/1", "b/g/2"])
+    assert third.bindings == {} and third.pending == {} and not third.placed
+    assert loop.run().placed == []  # and it stays done
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["full", "carried"])
+def test_a_done_ordinal_is_not_placed_again_when_its_node_is_lost(carried: bool) -> None:
+    nodes = {"n1": node("n1"), "n2": node("n2")}
+    loop = Loop({"b": batch("b", 2)}, nodes, carried)
+    loop.run()
+    loop.run(completed=["b/g/0"])
+    where = loop.bindings["b/g/1"].node
+    loop.nodes = {**nodes, where: node(where, state=NodeState.LOST)}
+    plan = loop.run()
+    assert [w for w, _ in plan.released] == ["b/g/1"]
+    assert sorted(plan.bindings) == ["b/g/1"]  # the lost run again, the done one not
+    assert plan.bindings["b/g/1"].node != where
+
+
+def test_a_failure_is_still_a_failure() -> None:
+    loop = Loop({"b": batch("b", 1)}, {"n1": node("n1")}, carried=False)
+    loop.run()
+    plan = loop.run(failed=["b/g/0"])
+    assert ("b/g/0", "failed") in plan.released
+    assert "b/g/0" in plan.failures
+
+
+def test_a_gang_completing_whole_is_not_a_member_lost() -> None:
+    loop = Loop({"b": batch("b", 2, gang=True)}, {"n1": node("n1")}, carried=False)
+    assert len(loop.run().bindings) == 2
+    plan = loop.run(completed=["b/g/0", "b/g/1"])
+    assert sorted(plan.released) == [("b/g/0", "complete"), ("b/g/1", "complete")]
+    assert plan.bindings == {} and plan.pending == {}
+
+
+def test_a_service_is_untouched_by_an_empty_done_set() -> None:
+    jobs = {"s": job("s", group("g", 3))}
+    plain = reconcile(
+        jobs=jobs, nodes={"n": node("n")}, bindings={}, pending={}, failures={}, now=1.0
+    )
+    with_done = reconcile(
+        jobs=jobs, nodes={"n": node("n")}, bindings={}, pending={}, failures={}, now=1.0, done={}
+    )
+    assert sorted(plain.bindings) == sorted(with_done.bindings) == ["s/g/0", "s/g/1", "s/g/2"]
+
+
+def test_what_an_end_means_by_kind() -> None:
+    assert ending("service", "exited") == "failed"
+    assert ending("batch", "exited") == "complete"
+    assert ending("batch", "failed") == ending("service", "failed") == "failed"
+    assert ending("batch", "running") is None
+
+
+def test_a_batch_job_refuses_autoscale_and_update_naming_the_field() -> None:
+    base = batch("b", 1).model_dump(mode="json")
+    base["groups"][0]["autoscale"] = {"policy": "target"}
+    with pytest.raises(ValueError, match=r"groups\.0\.autoscale \(g\): a batch job"):
+        Job.model_validate(base)
+    base["groups"][0]["autoscale"] = None
+    base["groups"][0]["update"] = {}
+    with pytest.raises(ValueError, match=r"groups\.0\.update \(g\): a batch job"):
+        Job.model_validate(base)
+
+
+def test_a_service_job_dumps_as_before() -> None:
+    assert "type" not in job("s").model_dump(mode="json")
+    assert batch("b", 1).model_dump(mode="json")["type"] == "batch"
+
+
+def test_a_batch_group_retries_as_nomads_batch_does_unless_it_says_otherwise() -> None:
+    """A service's default (3 retries an hour, exponential) would make a run that fails
+    for a reason fail four times before the job does; batch takes Nomad's batch
+    defaults, and each field the group sets wins over them."""
+    grp: dict[str, Any] = {"name": "g", "tasks": [{"name": "t",
+            "resources": {"cpu": 100, "memory": 64}}]}  # fmt: skip
+    spec = {"name": "b", "type": "batch", "groups": [grp]}
+    plain = Job.model_validate(spec).groups[0].reschedule
+    assert (plain.attempts, plain.interval, plain.delay) == (1, 86400.0, 5.0)
+    assert plain.delay_function == DelayFunction.CONSTANT
+    grp["reschedule"] = {"attempts": 4, "delay_function": "exponential"}
+    own = Job.model_validate(spec).groups[0].reschedule
+    assert (own.attempts, own.delay_function, own.delay) == (4, DelayFunction.EXPONENTIAL, 5.0)
+    stored = Job.model_validate_json(Job.model_validate(spec).model_dump_json())
+    assert stored.groups[0].reschedule == own  # the stored spec says what applies
+    service = Job.model_validate({**spec, "type": "service"}).groups[0].reschedule
+    assert service == ReschedulePolicy(attempts=4, delay_function=DelayFunction.EXPONENTIAL)

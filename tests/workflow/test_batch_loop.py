@@ -1,0 +1,158 @@
+"""Batch jobs through the loop (issue 32): a run that exits 0 is complete, its room
+goes to the next run at once, it is recorded in the store with its release and never
+placed again, across continue-as-new; a non-zero exit is a failure, restarted. The
+history replays."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from forge.client import reads
+from forge.client.client import ForgeClient
+from forge.core.models import AssignmentStatus, Job
+from forge.stores import Store, TaskReport
+from forge.wire.codec import data_converter
+from tests.e2e.procs import assert_store_is_the_workflows
+from tests.workflow.harness import cluster, default_options, job, node
+from workflows.cluster import ClusterWorkflow
+
+
+def batch(name: str, replicas: int, **group: Any) -> Job:
+    return job(name, replicas, 1000, 1024, **group).model_copy(update={"type": "batch"})
+
+
+def ended(wid: str, status: str, node_id: str = "n1", message: str = "") -> TaskReport:
+    return TaskReport(workload_id=wid, status=status, at=time.time(), node=node_id, message=message)
+
+
+def bound(store: Store, fc: ForgeClient, job_id: str) -> list[str]:
+    return sorted(a.workload_id for a in store.assignments(fc.cluster) if a.job == job_id)
+
+
+async def until(what: str, cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never {what}")
+        await asyncio.sleep(0.02)  # poll interval, not synchronisation
+
+
+def status_of(store: Store, fc: ForgeClient, wid: str) -> AssignmentStatus | None:
+    return next((a.status for a in store.assignments(fc.cluster) if a.workload_id == wid), None)
+
+
+async def test_a_batch_job_runs_each_ordinal_to_completion_once(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    options = default_options(
+        watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0, max_passes_per_run=4
+    )
+    quick = {"attempts": 5, "interval": 3600.0, "delay": 0.2, "delay_function": "constant"}
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=2000, memory=8192)])
+        first = await fc.submit_job(batch("b", 3, reschedule=quick))
+        assert (first.bound, first.pending) == (2, 1)
+        assert bound(store, fc, "b") == ["b/main/0", "b/main/1"]
+        run = (await fc.handle().describe()).run_id
+
+        store.report(fc.cluster, [ended("b/main/0", "exited")])
+        await until(
+            "b/main/2 placed in the room b/main/0 left",
+            lambda: "b/main/2" in bound(store, fc, "b"),
+        )
+        assert store.completions(fc.cluster) == ["b/main/0"]
+        assert bound(store, fc, "b") == ["b/main/1", "b/main/2"]
+
+        # a failure is still one: released and placed again, not recorded as done
+        store.report(fc.cluster, [ended("b/main/1", "running")])
+        await until("running", lambda: status_of(store, fc, "b/main/1") is AssignmentStatus.RUNNING)
+        store.report(fc.cluster, [ended("b/main/1", "failed")])
+        await until(
+            "the failed run placed again",
+            lambda: status_of(store, fc, "b/main/1") is AssignmentStatus.PENDING,
+        )
+        assert store.completions(fc.cluster) == ["b/main/0"]
+
+        store.report(fc.cluster, [ended("b/main/1", "exited"), ended("b/main/2", "exited")])
+        await until("every run complete", lambda: len(store.completions(fc.cluster)) == 3)
+        await until("nothing of b bound", lambda: bound(store, fc, "b") == [])
+
+        # new runs (continue-as-new every 4 passes) reload the completions: other
+        # jobs' passes come and go, and b never runs again
+        for i in range(4):
+            await fc.submit_job(job(f"svc{i}", replicas=1, cpu=100, memory=64))
+        assert (await fc.handle().describe()).run_id != run
+        await fc.submit_job(job("last", replicas=1, cpu=100, memory=64))
+        assert bound(store, fc, "b") == []
+        assert (await fc.status()).summary.bound == 5  # the services only
+        assert_store_is_the_workflows(store, fc.cluster)
+
+        # a stopped batch job's record goes with it
+        await fc.stop_job("b")
+        assert store.completions(fc.cluster) == []
+
+        history = await fc.handle().fetch_history()
+        replayed = await Replayer(
+            workflows=[ClusterWorkflow], data_converter=data_converter()
+        ).replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_a_run_out_of_attempts_fails_the_job_in_the_status_that_pass_publishes(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Nothing changes after a job failed for good (its run waits out a long
+    interval), so no later pass publishes: the failing pass's own status must say it,
+    or ``forge job wait`` waits for ever."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    once = {"attempts": 1, "interval": 3600.0, "delay": 0.2, "delay_function": "constant"}
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=2000, memory=8192)])
+        await fc.submit_job(batch("f", 1, reschedule=once))
+        for attempt in (1, 2):
+            await until(f"run {attempt} bound", lambda: bound(store, fc, "f") == ["f/main/0"])
+            why = f"task t exited with status {attempt + 2}"
+            store.report(fc.cluster, [ended("f/main/0", "failed", message=why)])
+            await until(f"run {attempt} released", lambda: bound(store, fc, "f") == [])
+        await until(
+            "the job published failed",
+            lambda: (reads.batch_state(store, fc.cluster, "f") or ("",))[0] == "failed",
+        )
+        state = reads.batch_state(store, fc.cluster, "f")
+        assert state is not None and "f/main/0:" in state[1] and "exhausted" in state[1]
+        assert state[1].endswith("(last: task t exited with status 4)")  # the last run's
+        assert store.completions(fc.cluster) == []
+
+
+async def test_a_gang_completes_whole_when_its_last_member_exits_0(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """A member that exited 0 keeps its place (its gang's room stays held) until every
+    member has; then all complete in one pass, and none runs again."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=3000, memory=8192)])
+        await fc.submit_job(batch("g", 2, gang=True))
+        assert bound(store, fc, "g") == ["g/main/0", "g/main/1"]
+        await fc.submit_job(job("probe", replicas=1, cpu=100, memory=64))
+        # one report batch: once the probe shows running, the pass that read the
+        # member's exit has persisted
+        store.report(fc.cluster, [ended("g/main/0", "exited"), ended("probe/main/0", "running")])
+        await until(
+            "the report read",
+            lambda: status_of(store, fc, "probe/main/0") is AssignmentStatus.RUNNING,
+        )
+        assert bound(store, fc, "g") == ["g/main/0", "g/main/1"]
+        assert store.completions(fc.cluster) == []
+        store.report(fc.cluster, [ended("g/main/1", "exited")])
+        await until("the gang complete", lambda: len(store.completions(fc.cluster)) == 2)
+        assert store.completions(fc.cluster) == ["g/main/0", "g/main/1"]
+        assert bound(store, fc, "g") == []
+        await fc.submit_job(job("probe2", replicas=1, cpu=100, memory=64))
+        assert bound(store, fc, "g") == []

@@ -1,0 +1,144 @@
+"""Batch jobs in the loop: which ends complete a replica, the done ordinals a pass
+must not place again, and their record in the store (the rules are
+:mod:`forge.core.kinds`'; the pass is :func:`forge.core.reconcile.reconcile`'s).
+
+The store is the record: a completion is written by the persist that releases its
+binding, in one transaction, and a run loads them back at its start, so an ordinal
+completes at most once whatever happens to the run (kill -9, a takeover, a reset,
+continue-as-new). Histories made before batch jobs hold none: every function here
+then leaves the loop exactly as it was (no activity, no state), so they replay.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+from workflows import activities as acts
+from workflows.state import LoopState
+
+with workflow.unsafe.imports_passed_through():
+    from forge.core.kinds import ending
+    from forge.core.models import Job, workload_id
+    from forge.core.plan import Plan
+    from forge.core.releasing import COMPLETE
+    from forge.core.visiting import Done
+    from forge.wire import activity_contract as ac
+
+__all__ = ["completions", "failures", "for_pass", "load_done", "settle", "take_end", "track"]
+
+
+def track(st: LoopState, job_id: str, job: Job | None) -> None:
+    """Keep ``st.batch`` (the batch jobs' ids) with the jobs; a deleted batch job's
+    done ordinals go with it (the store deletes its completions with the job)."""
+    if job is not None and job.type == "batch":
+        st.batch[job_id] = None
+        return
+    if st.batch.pop(job_id, 0) is None:
+        st.batch_failed.pop(job_id, None)
+        for key in [k for k in sorted(st.done) if k[0] == job_id]:
+            del st.done[key]
+
+
+def take_end(st: LoopState, wid: str, status: str, node: str, why: str = "") -> None:
+    """A replica ended (``failed`` or ``exited``): a failure to restart, or a batch
+    run complete. A gang's member that completed waits for the rest: the gang
+    completes whole, or is restarted whole when a member fails. A batch run's
+    failure keeps its agent's message (its exit status) for this pass's
+    :func:`failures`."""
+    job_id, group, _ = wid.rsplit("/", 2)
+    job = st.jobs.get(job_id) if st.batch else None
+    if job is None or ending(job.type, status) != "complete":
+        st.failed[wid] = None
+        if job is not None and job.type == "batch" and why:
+            st.why_failed[wid] = why
+        return
+    g = job.group(group)
+    if g is None or not g.gang:
+        st.completed[wid] = None
+        return
+    st.exited[wid] = node
+    done = st.done.get((job_id, group), set())
+    members = [
+        w
+        for o in range(g.scaling.desired)
+        if o not in done and (w := workload_id(job_id, group, o)) not in st.completed
+    ]
+    if all(w in st.exited for w in members):
+        for w in members:
+            st.completed[w] = None
+            del st.exited[w]
+
+
+def for_pass(st: LoopState) -> tuple[Done | None, list[str]]:
+    """The pass's done ordinals (with those completed since the last pass) and the
+    bindings to release as complete. Ordinals past a group's desired count are
+    dropped when its job changes, so the count of what is left stays right."""
+    if not (st.done or st.completed):
+        return None, []
+    for wid in st.completed:
+        job_id, group, ordinal = wid.rsplit("/", 2)
+        st.done.setdefault((job_id, group), set()).add(int(ordinal))
+    changed = st.jobs_changed
+    if changed is None or changed:
+        for key in sorted(st.done):
+            if changed is not None and key[0] not in changed:
+                continue
+            job = st.jobs.get(key[0])
+            g = job.group(key[1]) if job is not None else None
+            kept = {o for o in st.done[key] if o < g.scaling.desired} if g is not None else None
+            if kept:
+                st.done[key] = kept
+            else:
+                del st.done[key]
+    return st.done, [w for w in st.completed if w in st.bindings]
+
+
+def completions(plan: Plan) -> list[str]:
+    """What the persist records as complete: the pass's releases as such."""
+    return [w for w, why in plan.released if why == COMPLETE]
+
+
+def failures(st: LoopState, plan: Plan) -> None:
+    """A batch job whose run failed in this pass with no attempt left has failed for
+    good: recorded before the pass publishes its status, which is what ``forge job
+    wait`` reads (nothing else may change after it, so no later pass would publish).
+    Bounded by the runs that failed in this pass."""
+    for wid in st.failed if st.batch else ():
+        job_id = wid.split("/", 1)[0]
+        entry = plan.pending.get(wid)
+        if job_id in st.batch and entry is not None and entry.kind == "exhausted":
+            why = st.why_failed.get(wid)
+            last = f" (last: {why})" if why else ""
+            st.batch_failed.setdefault(job_id, f"{wid}: {'; '.join(entry.reasons)}{last}")
+
+
+def settle(st: LoopState) -> None:
+    """After a pass's persist: its completions are planned; a waiting gang member
+    whose binding went (its gang restarted, its node lost) will run again."""
+    st.completed = {}
+    st.why_failed = {}
+    if st.exited:
+        bindings = st.bindings
+        st.exited = {
+            w: n for w, n in st.exited.items() if (b := bindings.get(w)) is not None and b.node == n
+        }
+
+
+async def load_done(st: LoopState) -> None:
+    """A run's start: the completed ordinals, in pages (only when there are batch
+    jobs: a run without any asks nothing, as runs did before batch jobs)."""
+    st.done = {}
+    if not st.batch:
+        return
+    after = ""
+    while True:
+        page = await acts.snapshot_completions(
+            ac.PageIn(cluster=st.cluster, after=after, limit=st.opts.snapshot_page)
+        )
+        for wid in page.done:
+            job_id, group, ordinal = wid.rsplit("/", 2)
+            if job_id in st.batch:
+                st.done.setdefault((job_id, group), set()).add(int(ordinal))
+        if page.next_after is None:
+            return
+        after = page.next_after

@@ -27,6 +27,7 @@ __all__ = [
     "Ending",
     "JobType",
     "check_batch",
+    "check_kind",
     "ending",
     "kind_defaults",
 ]
@@ -48,8 +49,13 @@ def ending(job_type: str, status: str) -> Ending | None:
     return None
 
 
+class _Scaling(Protocol):
+    @property
+    def parallelism(self) -> int | None: ...
+
+
 class _Group(Protocol):
-    """What :func:`check_batch` reads of a task group (models import this module)."""
+    """What :func:`check_kind` reads of a task group (models import this module)."""
 
     @property
     def name(self) -> str: ...
@@ -57,6 +63,10 @@ class _Group(Protocol):
     def autoscale(self) -> object | None: ...
     @property
     def update(self) -> object | None: ...
+    @property
+    def gang(self) -> bool: ...
+    @property
+    def scaling(self) -> _Scaling: ...
 
 
 #: A batch group's ``reschedule`` when it sets none: Nomad's batch defaults (one
@@ -81,6 +91,27 @@ def kind_defaults(data: object) -> object:
         for g in groups
     ]
     return {**data, "groups": filled}
+
+
+def check_kind(job_type: str, groups: Sequence[_Group]) -> None:
+    """Refuse what a job of ``job_type`` cannot have, naming the field: a batch
+    group's autoscale, update, or parallelism on a gang (its members run together);
+    parallelism on a service (it keeps every replica up)."""
+    for i, g in enumerate(groups):
+        if g.scaling.parallelism is None:
+            continue
+        if job_type != "batch":
+            raise ValueError(
+                f"groups.{i}.scaling.parallelism ({g.name}): only a batch job limits how "
+                "many of its runs are bound at once"
+            )
+        if g.gang:
+            raise ValueError(
+                f"groups.{i}.scaling.parallelism ({g.name}): a gang's members run "
+                "together, all or none"
+            )
+    if job_type == "batch":
+        check_batch(groups)
 
 
 def check_batch(groups: Sequence[_Group]) -> None:

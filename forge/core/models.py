@@ -39,7 +39,7 @@ from forge.core.fields import (
     Seconds,
     ShortStr,
 )
-from forge.core.kinds import JobType, check_batch, kind_defaults
+from forge.core.kinds import JobType, check_kind, kind_defaults
 from forge.core.limits import (
     GPU_MILLI,
     MAX_ARGS,
@@ -372,8 +372,7 @@ class Job(Evolving):
 
     @model_validator(mode="after")
     def _kind_rules(self) -> Self:
-        if self.type == "batch":
-            check_batch(self.groups)
+        check_kind(self.type, self.groups)
         return self
 
     @model_validator(mode="after")
@@ -400,10 +399,8 @@ class Job(Evolving):
         groups = []
         for g in self.groups:
             if g.name == group:
-                s = g.scaling
-                scaling = ScalingPolicy(
-                    min=min(s.min, desired), max=max(s.max, desired), desired=desired
-                )
+                s, lo, hi = g.scaling, min(g.scaling.min, desired), max(g.scaling.max, desired)
+                scaling = ScalingPolicy(min=lo, max=hi, desired=desired, parallelism=s.parallelism)
                 g = g.model_copy(update={"scaling": scaling})
             groups.append(g)
         return self.model_copy(update={"groups": tuple(groups)})

@@ -22,7 +22,7 @@ from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, d
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.preempting import PREEMPTED, Wanted
 from forge.core.queue import Parked, SortKey
-from forge.core.waiting import Deferred, backoff_delay, waiting
+from forge.core.waiting import Deferred, backoff_delay, past_cap, waiting
 
 __all__ = ["Placing", "binding"]
 
@@ -149,20 +149,18 @@ class Placing:
         if g.gang and options.gangs:
             return self._gang(entry, topo)
         key = (job.id, g.name)
-        finished = self.done.get(key, ()) if self.done else ()
+        finished, room = self._runs(key, g, bound)
         bound += len(finished)  # done ordinals count as held: nothing to place
         if topo is None and self._still_parked(key, entry, bound):
             return False
-        waiting_now = 0
-        note_wait = options.refill_waiting
+        waiting_now, note_wait = 0, options.refill_waiting and room is None
         walked: dict[str, PendingEntry] | None = {} if topo is None else None
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
             if wid in bindings or ordinal in finished:
                 continue
             self.visited += 1
-            prev = pending.get(wid)
-            hist = failures.get(wid)
+            prev, hist = pending.get(wid), failures.get(wid)
             wait = waiting(prev, hist, policy, wid in just_failed, now, freed)
             if wait is not None:
                 plan.pending[wid] = wait
@@ -175,6 +173,9 @@ class Placing:
                     walked[wid] = wait
                 continue
             walked = None  # not every unbound replica waits: nothing to park
+            if room is not None and (room := room - 1) < 0:  # the rest wait for runs to end
+                past_cap(plan, entry, ordinal, finished, pending, failures, just_failed, now)
+                break
             if budget and (self.placed >= limit or placer.work + self.visited >= budget):
                 self._note_gpu(req, constraints)
                 # this group's replicas from here on; those before are settled
@@ -203,6 +204,12 @@ class Placing:
             bound += 1
         self._park(key, entry, bound, walked)
         return False
+
+    def _runs(self, key: GroupKey, g: TaskGroup, bound: int) -> tuple[Collection[int], int | None]:
+        """A batch group's done ordinals, and how many runs its ``parallelism`` lets
+        this pass try (placed or refused; None: no cap; refills ignore a cap)."""
+        cap = g.scaling.parallelism
+        return (self.done.get(key, ()) if self.done else ()), (cap - bound if cap else None)
 
     def _still_parked(self, key: GroupKey, entry: Group, bound: int) -> bool:
         """Take a parked group's entries whole when the walk would leave exactly

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, Strict, field_validator, model_validator
 
-from forge.core.fields import Bool, Float, Int, Model, Seconds
+from forge.core.fields import Bool, Evolving, Float, Int, Model, Seconds
 from forge.core.limits import MAX_REPLICAS
 
 __all__ = [
@@ -22,10 +22,15 @@ __all__ = [
 ]
 
 
-class ScalingPolicy(Model):
+class ScalingPolicy(Evolving):
+    _new_fields = ("parallelism",)
+
     min: Int = Field(default=0, ge=0, le=MAX_REPLICAS)
     max: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
     desired: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    #: batch groups only (forge.core.kinds): how many runs may be bound at once, as a
+    #: Kubernetes Job's ``parallelism`` (None: as many as fit); ``desired`` is the runs
+    parallelism: Int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

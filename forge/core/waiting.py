@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
-from forge.core.groups import GroupKey, Groups
+from forge.core.groups import Group, GroupKey, Groups
 from forge.core.models import DelayFunction, ReschedulePolicy
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 
-__all__ = ["Deferred", "backoff_delay", "defer_groups", "reschedule_delay", "waiting"]
+__all__ = ["Deferred", "backoff_delay", "defer_groups", "past_cap", "reschedule_delay", "waiting"]
 
 
 class Deferred(NamedTuple):
@@ -141,3 +141,28 @@ def defer_groups(
             plan.pending[wid] = wait
             kept += 1
     plan.deferred += sum(d.left for d in deferred) + tail_left - kept
+
+
+def past_cap(
+    plan: Plan,
+    entry: Group,
+    stop: int,
+    finished: Collection[int],
+    pending: Mapping[str, PendingEntry],
+    failures: Mapping[str, FailureHistory],
+    just_failed: Collection[str],
+    now: float,
+) -> None:
+    """The runs of a batch group its parallelism stopped at ordinal ``stop`` that
+    failed in this pass still get their reschedule entry, as the walk would have
+    given them: a delay, or ``exhausted``, which fails the job. Bounded by this
+    pass's failures."""
+    job, g, _ = entry
+    prefix = f"{job.id}/{g.name}/"
+    for wid in sorted(w for w in just_failed if w.startswith(prefix)):
+        ordinal = int(wid[len(prefix) :])
+        if ordinal < stop or ordinal >= g.scaling.desired or ordinal in finished:
+            continue
+        wait = waiting(pending.get(wid), failures.get(wid), g.reschedule, True, now, False)
+        if wait is not None and wid not in plan.bindings:
+            plan.pending[wid] = wait

@@ -9,20 +9,25 @@ from typing import Any
 
 import pytest
 
+from forge.core.groups import Group
 from forge.core.kinds import ending
 from forge.core.models import DelayFunction, Job, Node, NodeState, ReschedulePolicy
 from forge.core.placement import Binding
-from forge.core.plan import Plan
+from forge.core.plan import FailureHistory, Plan
 from forge.core.reconcile import Carry, reconcile
 from forge.core.visiting import Done
+from forge.core.waiting import past_cap
 from tests.builders import group, job, node
 
 
-def batch(jid: str, desired: int, *, gang: bool = False) -> Job:
+def batch(jid: str, desired: int, *, gang: bool = False, parallelism: int | None = None) -> Job:
     g = group("g", desired, cpu=1000, memory=1024)
     if gang:
         g = g.model_copy(update={"gang": True})
-    return job(jid, g).model_copy(update={"type": "batch"})
+    capped = g.model_copy(
+        update={"scaling": g.scaling.model_copy(update={"parallelism": parallelism})}
+    )
+    return job(jid, g).model_copy(update={"type": "batch", "groups": (capped,)})
 
 
 class Loop:
@@ -161,3 +166,47 @@ def test_a_batch_group_retries_as_nomads_batch_does_unless_it_says_otherwise() -
     assert stored.groups[0].reschedule == own  # the stored spec says what applies
     service = Job.model_validate({**spec, "type": "service"}).groups[0].reschedule
     assert service == ReschedulePolicy(attempts=4, delay_function=DelayFunction.EXPONENTIAL)
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["full", "carried"])
+def test_parallelism_caps_the_runs_bound_at_once_and_each_end_lets_the_next_in(
+    carried: bool,
+) -> None:
+    roomy = {"n1": node("n1", cpu=8000, memory=16384)}  # room for all five at once
+    loop = Loop({"b": batch("b", 5, parallelism=2)}, roomy, carried)
+    first = loop.run()
+    assert sorted(first.bindings) == ["b/g/0", "b/g/1"]
+    assert first.pending == {}  # the rest wait for a run to end, not for room
+    second = loop.run(completed=["b/g/0"])
+    assert sorted(second.bindings) == ["b/g/1", "b/g/2"]
+    third = loop.run(failed=["b/g/1"])  # a run waiting out its delay holds no slot
+    assert sorted(third.bindings) == ["b/g/2", "b/g/3"]
+    assert third.pending["b/g/1"].kind == "reschedule"
+    assert len(loop.run().bindings) == 2  # and a quiet pass adds none
+
+
+def test_a_run_that_failed_past_the_cap_still_gets_its_entry() -> None:
+    """The walk stops at the first run over the cap; a later run that failed in this
+    very pass must still be given its reschedule entry (``exhausted`` fails the job)."""
+    never = ReschedulePolicy(attempts=0)
+    g = group("g", 3, reschedule=never)
+    b = job("b", g)
+    plan = Plan(bindings={})
+    hist = {"b/g/2": FailureHistory(times=(999.0,), last_node="n1")}
+    past_cap(plan, Group(b, g, g.request()), 1, {0}, {}, hist, ["b/g/2", "x/g/2"], 1000.0)
+    assert list(plan.pending) == ["b/g/2"] and plan.pending["b/g/2"].kind == "exhausted"
+    nothing = Plan(bindings={})
+    past_cap(nothing, Group(b, g, g.request()), 3, set(), {}, hist, ["b/g/2"], 1000.0)
+    assert nothing.pending == {}  # before the stop: the walk gave it its entry
+
+
+def test_parallelism_is_for_batch_runs_and_a_scale_keeps_it() -> None:
+    spec = batch("b", 4, parallelism=2).model_dump(mode="json")
+    assert spec["groups"][0]["scaling"]["parallelism"] == 2
+    assert Job.model_validate(spec).with_desired("g", 9).groups[0].scaling.parallelism == 2
+    with pytest.raises(ValueError, match=r"groups\.0\.scaling\.parallelism \(g\): only a batch"):
+        Job.model_validate({**spec, "type": "service"})
+    spec["groups"][0]["gang"] = True
+    with pytest.raises(ValueError, match=r"groups\.0\.scaling\.parallelism \(g\): a gang"):
+        Job.model_validate(spec)
+    assert "parallelism" not in job("s").model_dump_json()  # older specs dump as before

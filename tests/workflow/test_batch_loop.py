@@ -156,3 +156,31 @@ async def test_a_gang_completes_whole_when_its_last_member_exits_0(
         assert bound(store, fc, "g") == []
         await fc.submit_job(job("probe2", replicas=1, cpu=100, memory=64))
         assert bound(store, fc, "g") == []
+
+
+async def test_parallelism_lets_one_run_in_as_the_last_ends(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """A node with room for all three, a job that asks one at a time: each run is
+    bound only once the one before it completed."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    spec = batch("p", 3).model_dump(mode="json")
+    spec["groups"][0]["scaling"]["parallelism"] = 1
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=8000, memory=8192)])
+        first = await fc.submit_job(Job.model_validate(spec))
+        assert first.bound == 1 and bound(store, fc, "p") == ["p/main/0"]
+        for i in (1, 2):
+            store.report(fc.cluster, [ended(f"p/main/{i - 1}", "exited")])
+            want = [f"p/main/{i}"]
+
+            def alone(want: list[str] = want) -> bool:
+                return bound(store, fc, "p") == want
+
+            await until(f"p/main/{i} alone bound", alone)
+        store.report(fc.cluster, [ended("p/main/2", "exited")])
+        await until(
+            "the job complete",
+            lambda: (reads.batch_state(store, fc.cluster, "p") or ("",))[0] == "complete",
+        )
+        assert store.completions(fc.cluster) == ["p/main/0", "p/main/1", "p/main/2"]

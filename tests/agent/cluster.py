@@ -14,7 +14,7 @@ import sys
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +26,14 @@ from forge.wire import contract as c
 from tests.agent.helpers import kill_tasks, task_processes
 from tests.e2e.procs import ROOT, WorkerProc, start_process, stop_process
 
-__all__ = ["AgentCluster", "agent_cluster", "call_failed", "http_body", "http_status"]
+__all__ = [
+    "AgentCluster",
+    "agent_cluster",
+    "call_failed",
+    "http_body",
+    "http_status",
+    "own_cluster",
+]
 
 
 @dataclass
@@ -169,3 +176,25 @@ async def agent_cluster(
         if on_failure():
             print(cl.logs())
         cl.stop()
+
+
+def own_cluster(
+    dev_env: Any,
+    tmp: Path,
+    request: Any,
+    name: str,
+    *,
+    make: Callable[..., C],
+    cpu: int = 2000,
+) -> AbstractAsyncContextManager[C]:
+    """A test's cluster as the agent e2e fixtures make it: agents of ``cpu``
+    millicores, a 6 s heartbeat TTL, the logs printed when the test failed."""
+    return agent_cluster(
+        dev_env,
+        tmp,
+        name,
+        ttl=6.0,
+        agent_flags=("--cpu", str(cpu)),
+        make=make,
+        on_failure=lambda: call_failed(request),
+    )

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from forge.core.models import Job
-from tests.agent.cluster import AgentCluster, agent_cluster, call_failed
+from tests.agent.cluster import AgentCluster, own_cluster
 from tests.e2e.procs import ROOT, eventually
 
 pytestmark = pytest.mark.slow
@@ -68,15 +68,7 @@ async def cluster(
     dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[AgentCluster]:
     name = f"batch-e2e-{uuid.uuid4().hex[:8]}"
-    async with agent_cluster(
-        dev_env,
-        tmp_path,
-        name,
-        ttl=6.0,
-        agent_flags=("--cpu", "2000"),
-        make=AgentCluster,
-        on_failure=lambda: call_failed(request),
-    ) as cl:
+    async with own_cluster(dev_env, tmp_path, request, name, make=AgentCluster) as cl:
         yield cl
 
 

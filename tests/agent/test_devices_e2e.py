@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 
 from forge.core.models import Assignment, Job
-from tests.agent.cluster import AgentCluster, agent_cluster, call_failed
+from tests.agent.cluster import AgentCluster, own_cluster
 from tests.agent.helpers import task_environs
 from tests.e2e.procs import eventually
 
@@ -71,15 +71,7 @@ PROCESSES = 4 + 2 + 3 + 1
 async def cluster(
     dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[AgentCluster]:
-    async with agent_cluster(
-        dev_env,
-        tmp_path,
-        CLUSTER,
-        ttl=6.0,
-        agent_flags=("--cpu", "2000"),
-        make=AgentCluster,
-        on_failure=lambda: call_failed(request),
-    ) as cl:
+    async with own_cluster(dev_env, tmp_path, request, CLUSTER, make=AgentCluster) as cl:
         yield cl
 
 

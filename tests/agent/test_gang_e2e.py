@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 from forge.core.models import Job
-from tests.agent.cluster import AgentCluster, agent_cluster, call_failed
+from tests.agent.cluster import AgentCluster, own_cluster
 from tests.agent.helpers import task_environs
 from tests.e2e.procs import eventually
 
@@ -76,17 +76,8 @@ async def cluster(
     dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
     """A cluster of each test's own (a workflow id is not reused across tests)."""
-    flags = ("--cpu", str(AGENT_CPU))
     name = f"{CLUSTER}-{uuid.uuid4().hex[:8]}"
-    async with agent_cluster(
-        dev_env,
-        tmp_path,
-        name,
-        ttl=6.0,
-        agent_flags=flags,
-        make=Cluster,
-        on_failure=lambda: call_failed(request),
-    ) as cl:
+    async with own_cluster(dev_env, tmp_path, request, name, make=Cluster, cpu=AGENT_CPU) as cl:
         yield cl
 
 

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from forge.core.models import Assignment, Job
-from tests.agent.cluster import AgentCluster, agent_cluster, call_failed, http_status
+from tests.agent.cluster import AgentCluster, http_status, own_cluster
 from tests.agent.helpers import kill_tasks, task_environs
 from tests.e2e.procs import eventually
 
@@ -81,15 +81,7 @@ def _web(replicas: int) -> Job:
 async def cluster(
     dev_env: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
-    async with agent_cluster(
-        dev_env,
-        tmp_path,
-        CLUSTER,
-        ttl=TTL,
-        agent_flags=("--cpu", "2000"),
-        make=Cluster,
-        on_failure=lambda: call_failed(request),
-    ) as cl:
+    async with own_cluster(dev_env, tmp_path, request, CLUSTER, make=Cluster) as cl:
         yield cl
 
 

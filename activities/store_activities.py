@@ -259,10 +259,14 @@ class StoreActivities:
         nodes: dict[str, str] = {}
         health: dict[str, bool] = {}
         failures: dict[str, str] = {}
+        codes: dict[str, int] = {}
         for r in reports:
             latest[r.workload_id] = r.status
+            codes.pop(r.workload_id, None)
             if r.status == "failed":
                 failures[r.workload_id] = r.message
+                if r.exit_code is not None:
+                    codes[r.workload_id] = r.exit_code
             else:
                 failures.pop(r.workload_id, None)
             if r.healthy is not None:
@@ -280,6 +284,7 @@ class StoreActivities:
             nodes=nodes,
             health=dict(sorted(health.items())),
             failures=dict(sorted(failures.items())),
+            exit_codes=dict(sorted(codes.items())),
         )
 
     @activity.defn(name=ACT_METRICS)

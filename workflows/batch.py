@@ -17,9 +17,9 @@ from workflows import activities as acts
 from workflows.state import LoopState
 
 with workflow.unsafe.imports_passed_through():
-    from forge.core.kinds import ending
+    from forge.core.kinds import ending, fatal
     from forge.core.models import Job, workload_id
-    from forge.core.plan import Plan
+    from forge.core.plan import FailureHistory, Plan
     from forge.core.releasing import COMPLETE
     from forge.core.visiting import Done
     from forge.wire import activity_contract as ac
@@ -39,20 +39,26 @@ def track(st: LoopState, job_id: str, job: Job | None) -> None:
             del st.done[key]
 
 
-def take_end(st: LoopState, wid: str, status: str, node: str, why: str = "") -> None:
+def take_end(
+    st: LoopState, wid: str, status: str, node: str, why: str = "", code: int | None = None
+) -> None:
     """A replica ended (``failed`` or ``exited``): a failure to restart, or a batch
     run complete. A gang's member that completed waits for the rest: the gang
     completes whole, or is restarted whole when a member fails. A batch run's
     failure keeps its agent's message (its exit status) for this pass's
-    :func:`failures`."""
+    :func:`failures`; one whose exit status its group lists in ``fail_on_exit`` is
+    marked fatal in its failure history, which the pass reads: never retried."""
     job_id, group, _ = wid.rsplit("/", 2)
     job = st.jobs.get(job_id) if st.batch else None
+    g = job.group(group) if job is not None else None
     if job is None or ending(job.type, status) != "complete":
         st.failed[wid] = None
         if job is not None and job.type == "batch" and why:
             st.why_failed[wid] = why
+        if job and g and (dead := fatal(job.type, g.reschedule.fail_on_exit, code)):
+            hist = st.failures.get(wid, FailureHistory())
+            st.failures[wid] = hist.model_copy(update={"fatal": dead})
         return
-    g = job.group(group)
     if g is None or not g.gang:
         st.completed[wid] = None
         return

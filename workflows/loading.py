@@ -165,7 +165,9 @@ async def load_reports(st: LoopState) -> None:
             if b is None or out.nodes.get(wid, b.node) != b.node:
                 continue  # not bound, or about a binding that has moved since
             if status in ("failed", "exited"):
-                batch.take_end(st, wid, status, b.node, out.failures.get(wid, ""))
+                batch.take_end(
+                    st, wid, status, b.node, out.failures.get(wid, ""), out.exit_codes.get(wid)
+                )
             elif status == "running" and b.status is AssignmentStatus.PENDING:
                 b.status = AssignmentStatus.RUNNING
                 st.status_updates = {**st.status_updates, wid: status}

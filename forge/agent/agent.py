@@ -17,9 +17,8 @@ task passing, or not) is a task report with ``healthy``, in order with the rest.
 When the store cannot be read the agent changes nothing: running tasks keep
 running and reports queue (``Reporter``) until it is back.
 
-The agent uses the store only through ``AgentStore`` (heartbeat, report, its node,
-its bindings, their jobs), which is all an agent's own PostgreSQL role may do.
-"""
+The agent uses the store only through ``AgentStore`` (heartbeat, report, node,
+bindings, jobs): all an agent's own PostgreSQL role may do."""
 
 from __future__ import annotations
 
@@ -281,6 +280,7 @@ class Agent:
                 at=self._clock(),
                 message=event.message[:1024],
                 node=self.node.id,
+                exit_code=event.exit_code,
             )
         )
 

@@ -89,6 +89,9 @@ class Event:
     workload_id: str
     status: str  # running | failed | exited
     message: str
+    #: the exit status of the task whose end ended the replica, when its own exit
+    #: ended it (not a stop the agent made, not a failed start; None: unknown)
+    exit_code: int | None = None
 
 
 #: Nomad's default dynamic port range: below Linux's ephemeral range (32768-60999), so a
@@ -253,7 +256,7 @@ class Supervisor:
                     if not t.finished():
                         _signal_group(t.pid, signal.SIGKILL)
             if replica.outcome is None and done:
-                first = done[0]
+                first, code = done[0], None
                 if replica.stop_reason:
                     outcome = ("failed", replica.stop_reason)
                 elif self.cgroups is not None and self.cgroups.oom_killed(wid):
@@ -262,11 +265,11 @@ class Supervisor:
                         f"out of memory: over its memory.max of {replica.memory} MiB",
                     )
                 elif first.exit_code == 0 and len(done) == len(replica.tasks):
-                    outcome = ("exited", first.describe_exit())
+                    outcome, code = ("exited", first.describe_exit()), 0
                 else:
-                    outcome = ("failed", first.describe_exit())
+                    outcome, code = ("failed", first.describe_exit()), first.exit_code
                 replica.outcome = outcome
-                events.append(Event(wid, *outcome))
+                events.append(Event(wid, *outcome, exit_code=code))
                 if len(done) < len(replica.tasks):
                     self._begin_stop(replica, now)
         return events

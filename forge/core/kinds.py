@@ -9,8 +9,10 @@ follows is the kind's rule, kept here rather than in the loop:
 * ``batch`` (Nomad's batch, a Kubernetes indexed Job): an ordinal whose tasks all
   exited 0 is **complete**: its binding is released at once and it is never placed
   again (:mod:`forge.core.reconcile` takes the done ordinals); a non-zero exit is a
-  failure, retried under ``reschedule`` like a service's. A gang completes whole:
-  its members that exited 0 keep their place until every member has.
+  failure, retried under ``reschedule`` like a service's, unless its exit status
+  is in ``reschedule.fail_on_exit`` (:func:`fatal`): then the job fails at once. A
+  gang completes whole: its members that exited 0 keep their place until every
+  member has.
 
 A batch job's groups neither autoscale nor roll (there is nothing to keep serving
 while an update rolls): :func:`check_batch` refuses ``autoscale`` and ``update``.
@@ -29,6 +31,7 @@ __all__ = [
     "check_batch",
     "check_kind",
     "ending",
+    "fatal",
     "kind_defaults",
 ]
 
@@ -49,9 +52,24 @@ def ending(job_type: str, status: str) -> Ending | None:
     return None
 
 
+def fatal(job_type: str, fail_on_exit: tuple[int, ...], exit_code: int | None) -> str:
+    """Why a failed replica's end fails its job for good rather than being retried
+    ("" when it does not): a batch group's ``reschedule.fail_on_exit`` lists its
+    exit status. An end without a known status (killed, lost, a failed start) is
+    never fatal: only the task's own verdict is."""
+    if job_type != "batch" or exit_code is None or exit_code not in fail_on_exit:
+        return ""
+    return f"exit status {exit_code} is in reschedule.fail_on_exit: not retried"
+
+
 class _Scaling(Protocol):
     @property
     def parallelism(self) -> int | None: ...
+
+
+class _Reschedule(Protocol):
+    @property
+    def fail_on_exit(self) -> tuple[int, ...]: ...
 
 
 class _Group(Protocol):
@@ -67,6 +85,8 @@ class _Group(Protocol):
     def gang(self) -> bool: ...
     @property
     def scaling(self) -> _Scaling: ...
+    @property
+    def reschedule(self) -> _Reschedule: ...
 
 
 #: A batch group's ``reschedule`` when it sets none: Nomad's batch defaults (one
@@ -98,6 +118,11 @@ def check_kind(job_type: str, groups: Sequence[_Group]) -> None:
     group's autoscale, update, or parallelism on a gang (its members run together);
     parallelism on a service (it keeps every replica up)."""
     for i, g in enumerate(groups):
+        if g.reschedule.fail_on_exit and job_type != "batch":
+            raise ValueError(
+                f"groups.{i}.reschedule.fail_on_exit ({g.name}): only a batch job fails "
+                "for good; a service's replicas are restarted whatever their exit status"
+            )
         if g.scaling.parallelism is None:
             continue
         if job_type != "batch":

@@ -199,15 +199,18 @@ class PendingEntry(BaseModel):
 class FailureHistory(Evolving):
     """Recent failures of one replica, for its group's reschedule policy, and its
     last preemption (kept for the cooldown): who preempted it, when, and the
-    priority it may preempt up to since (``preempted_cap``: no cascades)."""
+    priority it may preempt up to since (``preempted_cap``: no cascades).
+    ``fatal``: why its last end can never be retried (forge.core.kinds.fatal; set by
+    the loop as it hears the end): it waits as exhausted for good."""
 
-    _new_fields = ("preempted_at", "preempted_by", "preempted_cap")
+    _new_fields = ("preempted_at", "preempted_by", "preempted_cap", "fatal")
 
     times: tuple[float, ...] = ()
     last_node: str = ""
     preempted_at: float = 0.0
     preempted_by: str = ""
     preempted_cap: int = 0
+    fatal: str = ""
 
     def cooling(self, now: float, cooldown: float) -> bool:
         """Preempted within the cooldown: not a victim again yet."""

@@ -17,6 +17,7 @@ __all__ = [
     "AutoscalePolicy",
     "DelayFunction",
     "DisruptionBudget",
+    "ExitCode",
     "ReschedulePolicy",
     "ScalingPolicy",
 ]
@@ -76,13 +77,21 @@ class DelayFunction(StrEnum):
     FIBONACCI = "fibonacci"
 
 
-class ReschedulePolicy(Model):
+#: A process's exit status that can mean failure (0 is success).
+ExitCode = Annotated[int, Strict(), Field(ge=1, le=255)]
+
+
+class ReschedulePolicy(Evolving):
     """What happens to a replica that failed (Nomad's ``reschedule`` block).
 
     At most ``attempts`` reschedules within ``interval`` seconds (``unlimited``
     lifts the cap); each waits ``delay`` grown by ``delay_function`` up to
-    ``max_delay``.
+    ``max_delay``. A batch group's ``fail_on_exit`` lists the exit statuses that
+    no retry can fix (a bad argument, a corrupt input): such an end fails the job
+    at once, as a Kubernetes Job's ``podFailurePolicy`` ``FailJob`` rule does.
     """
+
+    _new_fields = ("fail_on_exit",)
 
     attempts: Int = Field(default=3, ge=0, le=1000)
     interval: Seconds = 3600.0
@@ -90,6 +99,7 @@ class ReschedulePolicy(Model):
     delay_function: DelayFunction = DelayFunction.EXPONENTIAL
     max_delay: Seconds = 300.0
     unlimited: Bool = False
+    fail_on_exit: tuple[ExitCode, ...] = Field(default=(), max_length=64)
 
     @model_validator(mode="after")
     def _delays(self) -> Self:

@@ -330,6 +330,7 @@ class _Pass(Releasing):
             and (
                 (h.times and h.times[-1] > now - reschedule_window(w, groups))
                 or h.cooling(now, cooldown)
+                or h.fatal
             )
         }
         wake: float | None = now if plan.deferred or plan.freed else None

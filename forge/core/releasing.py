@@ -93,7 +93,9 @@ class Releasing:
             window = entry.spec.reschedule.interval if entry else 0.0
             now = self.now
             times = (*tuple(t for t in past.times if t > now - window), now)
-            self.failures[wid] = FailureHistory(times=times[-64:], last_node=b.node)
+            self.failures[wid] = FailureHistory(
+                times=times[-64:], last_node=b.node, fatal=past.fatal
+            )
 
     def release(self, bindings: Mapping[str, Binding]) -> None:
         """1. Release what is no longer wanted where it is (forge.core.release)."""

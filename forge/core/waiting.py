@@ -69,7 +69,11 @@ def waiting(
     capacity_freed: bool,
 ) -> PendingEntry | None:
     """The entry to keep when this replica must not be tried in this pass, or None
-    to try it."""
+    to try it. One whose end was fatal is never tried again."""
+    if hist is not None and hist.fatal:
+        return PendingEntry(
+            kind="exhausted", attempts=len(hist.times), not_before=now, reasons=(hist.fatal,)
+        )
     if just_failed and hist is not None:
         return _rescheduled(hist, policy, now)
     if prev is None or now >= prev.not_before:

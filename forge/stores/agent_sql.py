@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-__all__ = ["AGENT_FUNCTIONS", "AGENT_STEP"]
+__all__ = ["AGENT_FUNCTIONS", "AGENT_STEP", "EXIT_CODE_STEP"]
 
 # Who is calling: the agent's role holds no table privilege, so everything goes
 # through these functions, which take the agent's identity from ``session_user``,
@@ -294,4 +294,58 @@ AGENT_STEP: tuple[LiteralString, ...] = (
     " forge_agent_heartbeat(text, text, double precision),"
     " forge_agent_nodes(text, text, integer), forge_agent_assignments(text, text, integer),"
     " forge_agent_job(text, text), forge_agent_report(text, jsonb) FROM PUBLIC",
+)
+
+
+def _edited(text: LiteralString, *edits: tuple[LiteralString, LiteralString]) -> LiteralString:
+    """``text`` with each ``(old, new)`` applied, each ``old`` found exactly once (a
+    step derived from a released one changes exactly what it says it changes)."""
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise AssertionError(f"expected one {old!r} in the released function")
+        text = text.replace(old, new)
+    return text
+
+
+_EXIT: LiteralString = "coalesce((v_r ->> 'exit_code')::numeric, 0)"
+
+# Step 8's report function: step 6's, also checking and keeping a report's
+# ``exit_code`` (an integer -255..255 or absent, as ``TaskReport`` checks it).
+# Derived from the released text rather than copied, so the two cannot drift apart
+# anywhere but here; CREATE OR REPLACE keeps the roles' EXECUTE grants.
+_REPORT_WITH_EXIT: LiteralString = _edited(
+    _AGENT_REPORT,
+    ("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"),
+    (
+        "NOT IN ('boolean', 'null')\n",
+        "NOT IN ('boolean', 'null')\n"
+        "                   OR coalesce(jsonb_typeof(v_r -> 'exit_code'), 'null')"
+        " NOT IN ('number', 'null')\n",
+    ),
+    (
+        "OR length(coalesce(v_r ->> 'message', '')) > 1024\n",
+        "OR length(coalesce(v_r ->> 'message', '')) > 1024\n"
+        f"                   OR abs({_EXIT}) > 255 OR {_EXIT} <> trunc({_EXIT})\n",
+    ),
+    (
+        "a message of at most 1024 characters', v_i",
+        "a message of at most 1024 characters, an '\n"
+        "                        'integer exit_code of -255..255', v_i",
+    ),
+    (
+        "node, healthy)\n                SELECT p_cluster, v_last",
+        "node, healthy, exit_code)\n                SELECT p_cluster, v_last",
+    ),
+    (
+        "v_me, (e ->> 'healthy')::boolean\n",
+        "v_me, (e ->> 'healthy')::boolean,\n"
+        "                       (e ->> 'exit_code')::numeric::integer\n",
+    ),
+)
+
+#: Step 8: a report's exit status, kept with it (batch jobs' ``fail_on_exit``).
+EXIT_CODE_STEP: tuple[LiteralString, ...] = (
+    "ALTER TABLE reports ADD COLUMN exit_code INTEGER",
+    _PIN_SEARCH_PATH,
+    _REPORT_WITH_EXIT,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-from forge.stores.agent_sql import AGENT_STEP
+from forge.stores.agent_sql import AGENT_STEP, EXIT_CODE_STEP
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS"]
 
@@ -172,6 +172,9 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX completions_by_job ON completions (cluster, job)",
     ),
+    # 8: a report's exit status (a batch group's ``fail_on_exit`` decides by it);
+    # NULL for reports before it and for those that carry none.
+    ("ALTER TABLE reports ADD COLUMN exit_code INTEGER",),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -299,4 +302,6 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
         )""",
         "CREATE INDEX completions_by_job ON completions (cluster, job)",
     ),
+    # 8: see the SQLite step; the agents' report function keeps it too
+    EXIT_CODE_STEP,
 )

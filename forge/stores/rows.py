@@ -168,10 +168,20 @@ class TaskReport(_Wire):
         description="a running replica's health check passed (True) or failed (False); "
         "None: its task declares no check (left out of the JSON then)",
     )
+    exit_code: int | None = Field(
+        default=None,
+        ge=-255,
+        le=255,
+        description="an ended replica's exit status, from the first of its tasks to "
+        "end (negative: killed by that signal); None: not ended, or not known (left "
+        "out of the JSON then). A batch group's fail_on_exit reads it",
+    )
 
     @model_serializer(mode="wrap")
-    def _omit_no_health(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and self.healthy is None:
-            data.pop("healthy", None)
+        if isinstance(data, dict):
+            for name in ("healthy", "exit_code"):
+                if data.get(name, 0) is None:
+                    del data[name]
         return data

@@ -231,8 +231,8 @@ class SqlReads:
     def reports_since(self, cluster: str, seq: int, limit: int = 1000) -> list[TaskReport]:
         rows = self._all(
             self._q(
-                "SELECT seq, workload_id, status, cpu, memory, at, message, node, healthy"
-                " FROM reports"
+                "SELECT seq, workload_id, status, cpu, memory, at, message, node, healthy,"
+                " exit_code FROM reports"
                 " WHERE cluster = ? AND seq > ? ORDER BY seq LIMIT ?"
             ),
             (cluster, seq, max(limit, 0)),
@@ -248,8 +248,9 @@ class SqlReads:
                 message=msg,
                 node=n,
                 healthy=None if h is None else bool(h),
+                exit_code=code,
             )
-            for s, w, st, c, m, at, msg, n, h in rows
+            for s, w, st, c, m, at, msg, n, h, code in rows
         ]
 
     def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:

@@ -178,6 +178,14 @@ def _states(
     return {w: (st, n, None if h is None else bool(h)) for w, st, n, h in rows}
 
 
+def _report_row(cluster: str, seq: int, r: TaskReport) -> tuple[object, ...]:
+    """A decision's row of ``reports``, in the INSERT's column order."""
+    return (
+        *(cluster, seq, r.workload_id, r.status, r.cpu, r.memory, r.at, r.message),
+        *(r.node, r.healthy, r.exit_code),
+    )
+
+
 def write_reports(
     db: Executor,
     dialect: Dialect,
@@ -206,24 +214,10 @@ def write_reports(
         db.executemany(
             sql(
                 "INSERT INTO reports (cluster, seq, workload_id, status, cpu, memory, at,"
-                " message, node, healthy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " message, node, healthy, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 dialect,
             ),
-            [
-                (
-                    cluster,
-                    seqs[i],
-                    r.workload_id,
-                    r.status,
-                    r.cpu,
-                    r.memory,
-                    r.at,
-                    r.message,
-                    r.node,
-                    r.healthy,
-                )
-                for i, r in ((i, reports[i]) for i in decided)
-            ],
+            [_report_row(cluster, seqs[i], reports[i]) for i in decided],
         )
         db.executemany(
             sql(

@@ -250,7 +250,14 @@ class ReportsOut(_Msg):
         "of the JSON when empty",
     )
 
-    _omit = omit_defaults("health", "failures")
+    exit_codes: dict[str, int] = Field(
+        default_factory=dict,
+        description="workload id -> the exit status its latest report gives when that "
+        "says it failed and gives one (a batch group's fail_on_exit reads it); left "
+        "out of the JSON when empty",
+    )
+
+    _omit = omit_defaults("health", "failures", "exit_codes")
 
 
 class MetricsIn(_Msg):

@@ -177,23 +177,36 @@ def test_a_report_page_keeps_each_failed_runs_last_message_and_only_while_it_sta
     store = MemoryStore()
     at = 1.0
 
-    def rep(wid: str, status: str, message: str = "") -> TaskReport:
-        return TaskReport(workload_id=wid, status=status, at=at, node="n", message=message)
+    def rep(wid: str, status: str, message: str = "", code: int | None = None) -> TaskReport:
+        return TaskReport(
+            workload_id=wid, status=status, at=at, node="n", message=message, exit_code=code
+        )
 
     store.report(
         "c",
         [
             rep("j/g/0", "running"),
-            rep("j/g/0", "failed", "task t exited with status 3"),
-            rep("j/g/1", "failed", "task t exited with status 1"),
+            rep("j/g/0", "failed", "task t exited with status 3", 3),
+            rep("j/g/1", "failed", "task t exited with status 1", 1),
             rep("j/g/1", "running", "started"),
-            rep("j/g/2", "exited", "task t exited with status 0"),
+            rep("j/g/2", "exited", "task t exited with status 0", 0),
+            rep("j/g/3", "failed", "task t: cannot start 'x'"),
         ],
     )
     out = ActivityEnvironment().run(
         StoreActivities(store).read_reports, ReportsIn(cluster="c", seq=0, limit=100)
     )
-    assert out.failures == {"j/g/0": "task t exited with status 3"}
-    assert dict(out.statuses) == {"j/g/0": "failed", "j/g/1": "running", "j/g/2": "exited"}
+    assert out.failures == {
+        "j/g/0": "task t exited with status 3",
+        "j/g/3": "task t: cannot start 'x'",
+    }
+    assert out.exit_codes == {"j/g/0": 3}  # the latest failure's, when it gives one
+    assert dict(out.statuses) == {
+        "j/g/0": "failed",
+        "j/g/1": "running",
+        "j/g/2": "exited",
+        "j/g/3": "failed",
+    }
     quiet = ReportsOut(statuses=[("j/g/1", "running")], last_seq=1)
-    assert "failures" not in quiet.model_dump_json()  # histories without failures keep their shape
+    dumped = quiet.model_dump_json()  # histories without them keep their shape
+    assert "failures" not in dumped and "exit_codes" not in dumped

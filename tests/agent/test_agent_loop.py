@@ -75,6 +75,33 @@ def test_a_missing_command_fails_the_replica_with_the_os_error(store, tmp_path) 
     agent.shutdown(stop_tasks=True)
 
 
+def test_an_end_is_reported_with_its_exit_status_when_the_task_gave_one(store, tmp_path) -> None:
+    """What ``fail_on_exit`` decides by: the status of the task whose end ended the
+    replica (minus the signal when one killed it); none for a failed start."""
+    agent = _agent(store, tmp_path)
+    binder = Binder(store)
+    ends = {
+        binder.bind(command_job("e42", [PY, "-c", "raise SystemExit(42)"]), 0, "n1"): 42,
+        binder.bind(command_job("e0", [PY, "-c", "pass"]), 0, "n1"): 0,
+        binder.bind(command_job("nope", ["/no/such/forge-command"]), 0, "n1"): None,
+    }
+    killed = binder.bind(command_job("k", SLEEP), 0, "n1")
+    agent.step()
+    os.kill(_pids(agent, killed)[0], signal.SIGKILL)
+    ends[killed] = -signal.SIGKILL
+
+    def ended() -> dict[str, int | None] | None:
+        got = {
+            r.workload_id: r.exit_code
+            for r in store.reports_since("default", 0)
+            if r.status != "running"
+        }
+        return got if len(got) == len(ends) else None
+
+    assert until(ended, step=agent.step) == ends
+    agent.shutdown(stop_tasks=True)
+
+
 def test_a_killed_task_is_reported_failed_and_restarted_only_by_a_new_binding(
     store, tmp_path
 ) -> None:

@@ -1,7 +1,8 @@
 """Batch jobs with real agents (issue 32): runs that exit 0 complete and never run
 again, a kill -9 of the worker in the middle changes nothing of that, ``forge job
 wait`` returns 0 once every run completed, and a job whose run exits 3 ends failed
-(``forge job wait`` exit 1, the run named).
+(``forge job wait`` exit 1, the run named), after one run when its group lists the
+exit status in ``fail_on_exit``.
 
 Real ``forge agent`` processes, a ``worker.py`` process, a SQLite store and the
 ``forge`` CLI as a pipeline runs it; which runs started is read from a file each run
@@ -29,7 +30,9 @@ from tests.e2e.procs import ROOT, eventually
 pytestmark = pytest.mark.slow
 
 
-def _batch(name: str, runs: int, code: str, *, attempts: int = 3) -> Job:
+def _batch(
+    name: str, runs: int, code: str, *, attempts: int = 3, fail_on_exit: tuple[int, ...] = ()
+) -> Job:
     return Job.model_validate(
         {
             "name": name,
@@ -38,7 +41,12 @@ def _batch(name: str, runs: int, code: str, *, attempts: int = 3) -> Job:
                 {
                     "name": "main",
                     "scaling": {"min": 0, "max": runs, "desired": runs},
-                    "reschedule": {"attempts": attempts, "delay": 0.5, "interval": 3600.0},
+                    "reschedule": {
+                        "attempts": attempts,
+                        "delay": 0.5,
+                        "interval": 3600.0,
+                        "fail_on_exit": list(fail_on_exit),
+                    },
                     "tasks": [
                         {
                             "name": "t",
@@ -115,6 +123,15 @@ async def test_a_run_that_exits_3_fails_the_job_and_wait_says_which(
     assert "bad: failed: 0/1 runs complete; bad/main/0:" in waited.stdout
     assert "exhausted" in waited.stdout and "exited with status 3" in waited.stdout
     assert cl.store.completions(cl.name) == []
+
+    # an exit status the group lists: failed after its first run, attempts unused
+    ran = cl.tmp / "fatal.txt"
+    code = f"import sys; open({str(ran)!r}, 'a').write('ran\\n'); sys.exit(42)"
+    await cl.fc.submit_job(_batch("fatal", 1, code, attempts=3, fail_on_exit=(42,)))
+    waited = await asyncio.to_thread(_wait, cl, "fatal", 120)
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "fatal/main/0: exit status 42 is in reschedule.fail_on_exit" in waited.stdout
+    assert ran.read_text().split() == ["ran"]  # once: never retried
 
     await cl.fc.submit_job(_batch("slow", 1, "import time; time.sleep(3600)"))
     timed = await asyncio.to_thread(_wait, cl, "slow", 1)

@@ -457,6 +457,7 @@ reports = st.builds(
     message=st.sampled_from(["", "started ports http=8080", "exit status 1"]),
     node=st.just("n1"),
     healthy=st.none() | st.booleans(),
+    exit_code=st.none() | st.sampled_from([0, 1, 42, -9, 255]),
 )
 
 
@@ -511,6 +512,11 @@ def test_the_report_function_refuses_what_a_task_report_may_not_hold(cluster: Cl
             "message": "x" * 1025,
             "node": "n1",
         },
+        *(
+            {"workload_id": "web/front/0", "status": "failed", "at": 1, "exit_code": code}
+            | {"node": "n1"}
+            for code in (256, -256, 1.5, "1", True)
+        ),
     ]
     with agent_connection(url) as conn:
         for report in bad:

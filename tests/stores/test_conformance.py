@@ -449,6 +449,19 @@ def test_reports_keep_the_health_verdict_and_none_when_unsaid(store: Store) -> N
     assert "healthy" not in got[0].model_dump(mode="json")
 
 
+def test_reports_keep_the_exit_status_and_none_when_unsaid(store: Store) -> None:
+    batch = [
+        TaskReport(workload_id="b/g/0", status="failed", at=1.0, exit_code=42),
+        TaskReport(workload_id="b/g/1", status="exited", at=2.0, exit_code=0),
+        TaskReport(workload_id="b/g/2", status="failed", at=3.0, exit_code=-9),
+        TaskReport(workload_id="b/g/3", status="failed", at=4.0, message="cannot start"),
+    ]
+    store.report(C, batch)
+    got = store.reports_since(C, 0)
+    assert [r.exit_code for r in got] == [42, 0, -9, None]
+    assert "exit_code" not in got[3].model_dump(mode="json")  # JSON as before it
+
+
 # -- wake for decisions, not for data ----------------------------------------------------
 
 

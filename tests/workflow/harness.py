@@ -49,6 +49,7 @@ def job(
     memory: int = 1024,
     gpu: int = 0,
     priority: int = 50,
+    kind: str = "service",
     **group: object,
 ) -> Job:
     g: dict[str, object] = {
@@ -59,7 +60,7 @@ def job(
         ],
     }
     g.update(group)
-    return Job.model_validate({"name": name, "priority": priority, "groups": [g]})
+    return Job.model_validate({"name": name, "type": kind, "priority": priority, "groups": [g]})
 
 
 @asynccontextmanager

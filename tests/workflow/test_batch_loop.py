@@ -24,11 +24,16 @@ from workflows.cluster import ClusterWorkflow
 
 
 def batch(name: str, replicas: int, **group: Any) -> Job:
-    return job(name, replicas, 1000, 1024, **group).model_copy(update={"type": "batch"})
+    return job(name, replicas, 1000, 1024, kind="batch", **group)
 
 
-def ended(wid: str, status: str, node_id: str = "n1", message: str = "") -> TaskReport:
-    return TaskReport(workload_id=wid, status=status, at=time.time(), node=node_id, message=message)
+def ended(
+    wid: str, status: str, node_id: str = "n1", message: str = "", code: int | None = None
+) -> TaskReport:
+    return TaskReport(
+        workload_id=wid, status=status, at=time.time(), node=node_id, message=message,
+        exit_code=code,
+    )  # fmt: skip
 
 
 def bound(store: Store, fc: ForgeClient, job_id: str) -> list[str]:
@@ -128,6 +133,40 @@ async def test_a_run_out_of_attempts_fails_the_job_in_the_status_that_pass_publi
         assert state is not None and "f/main/0:" in state[1] and "exhausted" in state[1]
         assert state[1].endswith("(last: task t exited with status 4)")  # the last run's
         assert store.completions(fc.cluster) == []
+
+
+async def test_an_exit_status_in_fail_on_exit_fails_the_job_without_a_retry(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Attempts left and no delay, yet the run is not placed again: its exit status
+    says no retry can fix it. Another status of the same group is retried."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    policy = {"attempts": 5, "delay": 0.0, "fail_on_exit": [42]}
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=4000, memory=8192)])
+        await fc.submit_job(batch("x", 2, reschedule=policy))
+        await until("both bound", lambda: bound(store, fc, "x") == ["x/main/0", "x/main/1"])
+        store.report(fc.cluster, [ended("x/main/1", "failed", message="status 1", code=1)])
+        await until("the other run retried", lambda: status_of(store, fc, "x/main/1") is not None)
+        why = "task t exited with status 42"
+        store.report(fc.cluster, [ended("x/main/0", "failed", message=why, code=42)])
+        await until(
+            "the job published failed",
+            lambda: (reads.batch_state(store, fc.cluster, "x") or ("",))[0] == "failed",
+        )
+        state = reads.batch_state(store, fc.cluster, "x")
+        assert state is not None
+        assert "x/main/0: exit status 42 is in reschedule.fail_on_exit: not retried" in state[1]
+        assert state[1].endswith(f"(last: {why})")
+        assert bound(store, fc, "x") == ["x/main/1"]  # never bound again
+        await fc.submit_job(batch("poke", 1))  # a later pass: still not placed
+        await until("a later pass ran", lambda: bound(store, fc, "poke") == ["poke/main/0"])
+        assert "x/main/0" not in bound(store, fc, "x")
+        history = await fc.handle().fetch_history()
+        replayed = await Replayer(
+            workflows=[ClusterWorkflow], data_converter=data_converter()
+        ).replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
 
 
 async def test_a_gang_completes_whole_when_its_last_member_exits_0(

@@ -112,7 +112,7 @@ def failures(st: LoopState, plan: Plan) -> None:
     for wid in st.failed if st.batch else ():
         job_id = wid.split("/", 1)[0]
         entry = plan.pending.get(wid)
-        if job_id in st.batch and entry is not None and entry.kind == "exhausted":
+        if job_id in st.batch and entry is not None and entry.kind in ("exhausted", "failed"):
             why = st.why_failed.get(wid)
             last = f" (last: {why})" if why else ""
             st.batch_failed.setdefault(job_id, f"{wid}: {'; '.join(entry.reasons)}{last}")

@@ -196,7 +196,7 @@ class LoopState:
         # A deadline that passed while the last pass persisted (a slow store) is
         # still a deadline: it makes the loop run a pass at once, not sleep on.
         for e in self.pending.values():
-            if e.kind != "deferred" and (wake is None or e.not_before < wake):
+            if e.kind not in ("deferred", "failed") and (wake is None or e.not_before < wake):
                 wake, why = e.not_before, f"{e.kind} expiry"
         for job_id in sorted(self.autoscaled):
             job = self.jobs[job_id]

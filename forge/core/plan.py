@@ -185,12 +185,14 @@ class PendingEntry(BaseModel):
     """Why a desired replica is unbound and when it may be tried again.
 
     kind: ``backoff`` (no node fit), ``reschedule`` (failed; waiting the policy's
-    delay), ``exhausted`` (failed too often within the policy's interval).
+    delay), ``exhausted`` (failed too often within the policy's interval: tried
+    again at ``not_before``), ``failed`` (never tried again: its end was fatal,
+    ``FailureHistory.fatal``; no deadline, so nothing wakes the loop for it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["backoff", "reschedule", "exhausted", "deferred"] = "backoff"
+    kind: Literal["backoff", "reschedule", "exhausted", "deferred", "failed"] = "backoff"
     attempts: int = 0
     not_before: float = 0.0
     reasons: tuple[str, ...] = ()
@@ -201,7 +203,7 @@ class FailureHistory(Evolving):
     last preemption (kept for the cooldown): who preempted it, when, and the
     priority it may preempt up to since (``preempted_cap``: no cascades).
     ``fatal``: why its last end can never be retried (forge.core.kinds.fatal; set by
-    the loop as it hears the end): it waits as exhausted for good."""
+    the loop as it hears the end): it waits as ``failed`` for good."""
 
     _new_fields = ("preempted_at", "preempted_by", "preempted_cap", "fatal")
 

@@ -335,7 +335,7 @@ class _Pass(Releasing):
         }
         wake: float | None = now if plan.deferred or plan.freed else None
         for p in plan.pending.values():
-            if p.kind != "deferred" and p.not_before > now:
+            if p.kind not in ("deferred", "failed") and p.not_before > now:
                 wake = p.not_before if wake is None else min(wake, p.not_before)
         if plan.rollouts is not None and plan.rollouts.wake is not None:
             wake = plan.rollouts.wake if wake is None else min(wake, plan.rollouts.wake)

@@ -71,9 +71,7 @@ def waiting(
     """The entry to keep when this replica must not be tried in this pass, or None
     to try it. One whose end was fatal is never tried again."""
     if hist is not None and hist.fatal:
-        return PendingEntry(
-            kind="exhausted", attempts=len(hist.times), not_before=now, reasons=(hist.fatal,)
-        )
+        return PendingEntry(kind="failed", attempts=len(hist.times), reasons=(hist.fatal,))
     if just_failed and hist is not None:
         return _rescheduled(hist, policy, now)
     if prev is None or now >= prev.not_before:

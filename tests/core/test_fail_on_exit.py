@@ -37,13 +37,13 @@ def test_a_fatal_end_is_exhausted_at_once_and_stays_so(carried: bool) -> None:
     plan = loop.run(failed=["b/g/0"])
     assert ("b/g/0", "failed") in plan.released
     entry = plan.pending["b/g/0"]
-    assert entry.kind == "exhausted"  # five attempts left, none used
+    assert entry.kind == "failed"  # five attempts left, none used
     assert entry.reasons == ("exit status 42 is in reschedule.fail_on_exit: not retried",)
     assert plan.next_wake is None  # nothing to wake for
     loop.now += 10 * 86400.0  # far past the reschedule window
     for _ in range(3):
         later = loop.run()
-        assert "b/g/0" not in later.bindings and later.pending["b/g/0"].kind == "exhausted"
+        assert "b/g/0" not in later.bindings and later.pending["b/g/0"].kind == "failed"
         assert "b/g/1" in later.bindings  # the other run is no concern of it
 
 

@@ -16,11 +16,14 @@ from temporalio.worker import Replayer
 from forge.client import reads
 from forge.client.client import ForgeClient
 from forge.core.models import AssignmentStatus, Job
+from forge.core.plan import PendingEntry
 from forge.stores import Store, TaskReport
+from forge.wire import contract as c
 from forge.wire.codec import data_converter
 from tests.e2e.procs import assert_store_is_the_workflows
 from tests.workflow.harness import cluster, default_options, job, node
 from workflows.cluster import ClusterWorkflow
+from workflows.state import LoopState
 
 
 def batch(name: str, replicas: int, **group: Any) -> Job:
@@ -167,6 +170,17 @@ async def test_an_exit_status_in_fail_on_exit_fails_the_job_without_a_retry(
             workflows=[ClusterWorkflow], data_converter=data_converter()
         ).replay_workflow(history, raise_on_replay_failure=False)
         assert replayed.replay_failure is None, replayed.replay_failure
+
+
+def test_a_run_failed_for_good_sets_no_deadline() -> None:
+    """A ``failed`` entry is never tried again: were its time a deadline, a passed one
+    would make the loop run pass after pass (next_wake <= now) for ever."""
+    st = LoopState.start(c.ClusterInput(cluster="c", options=default_options()))
+    st.pending = {"x/main/0": PendingEntry(kind="failed", reasons=("fatal",))}
+    wake, why = st.next_wake(1000.0)
+    assert (wake, why) == (st.last_resync + st.opts.resync_seconds, "job resync")
+    st.pending["x/main/1"] = PendingEntry(kind="exhausted", not_before=2000.0)
+    assert st.next_wake(1000.0) == (2000.0, "exhausted expiry")
 
 
 async def test_a_gang_completes_whole_when_its_last_member_exits_0(

@@ -24,7 +24,16 @@ with workflow.unsafe.imports_passed_through():
     from forge.core.visiting import Done
     from forge.wire import activity_contract as ac
 
-__all__ = ["completions", "failures", "for_pass", "load_done", "settle", "take_end", "track"]
+__all__ = [
+    "completions",
+    "end",
+    "failures",
+    "for_pass",
+    "load_done",
+    "settle",
+    "take_end",
+    "track",
+]
 
 
 def track(st: LoopState, job_id: str, job: Job | None) -> None:
@@ -115,19 +124,49 @@ def failures(st: LoopState, plan: Plan) -> None:
         if job_id in st.batch and entry is not None and entry.kind in ("exhausted", "failed"):
             why = st.why_failed.get(wid)
             last = f" (last: {why})" if why else ""
+            if job_id not in st.batch_failed and st.batch_ends:
+                st.ending[job_id] = None
             st.batch_failed.setdefault(job_id, f"{wid}: {'; '.join(entry.reasons)}{last}")
 
 
-def settle(st: LoopState) -> None:
-    """After a pass's persist: its completions are planned; a waiting gang member
-    whose binding went (its gang restarted, its node lost) will run again."""
+def settle(st: LoopState) -> bool:
+    """After a pass's persist: its completions and failures are planned; a waiting
+    gang member whose binding went (its gang restarted, its node lost) will run
+    again; a job that failed in it ends (:func:`end`). True: a pass must follow."""
     st.completed = {}
     st.why_failed = {}
+    st.failed = {}
     if st.exited:
         bindings = st.bindings
         st.exited = {
             w: n for w, n in st.exited.items() if (b := bindings.get(w)) is not None and b.node == n
         }
+    if not st.ending:
+        return False
+    for job_id in sorted(st.ending):
+        end(st, job_id)
+    st.ending = {}
+    return True
+
+
+def end(st: LoopState, job_id: str) -> None:
+    """A batch job failed for good: each of its runs not complete is marked fatal
+    (never placed again, forge.core.waiting) and those still bound fail, so the next
+    pass stops them. Once per failed job, bounded by its runs."""
+    job = st.jobs.get(job_id)
+    if job is None:
+        return
+    why = f"its job failed ({st.batch_failed[job_id].split(':', 1)[0]}): not run again"
+    for g in job.groups:
+        done = st.done.get((job_id, g.name), ())
+        for ordinal in range(g.scaling.desired):
+            wid = workload_id(job_id, g.name, ordinal)
+            hist = st.failures.get(wid)
+            if ordinal in done or (hist is not None and hist.fatal):
+                continue
+            st.failures[wid] = (hist or FailureHistory()).model_copy(update={"fatal": why})
+            if wid in st.bindings:
+                st.failed[wid] = None
 
 
 async def load_done(st: LoopState) -> None:

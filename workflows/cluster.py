@@ -261,6 +261,7 @@ class ClusterWorkflow(Presentation):
         self.dirty = False
         # asked every pass, as the other patches are (a run's history names them all)
         self.local_writes = workflow.patched(patches.JOB_WRITES_LOCAL)
+        self.st.batch_ends = workflow.patched(patches.FAILED_BATCH_JOB_ENDS)
         now = self.pass_now = rec.now if rec is not None else workflow.now().timestamp()
         nodes_upsert, nodes_remove = self._take_news(
             rec.watch if rec is not None else self.watch.done()
@@ -459,8 +460,7 @@ class ClusterWorkflow(Presentation):
         st.failures = plan.failures
         st.preemptions, st.recent_preemptions = st.preemptions_after(plan)
         st.commit_rollouts(plan, status_changed, now, checks=True)
-        batch.settle(st)
-        st.failed = {}
+        self.dirty = batch.settle(st) or self.dirty  # (it clears ``failed``)
         st.status_updates = {}
         # (freed: only a pass that preempted, so only under PREEMPTION)
         st.capacity_changed = plan.freed

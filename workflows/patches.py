@@ -1,9 +1,9 @@
 """The loop's ``workflow.patched`` ids, in one place.
 
-Thirteen are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
+Fourteen are in use (``PREEMPTION``, ``DISRUPTION_BUDGETS``, ``TOPOLOGY``, ``GANGS``,
 ``ADAPTIVE_BUDGET``, ``SPREAD_SCALE_DOWN``, ``REPLAY_SECONDS``, ``BUDGET_TO_TARGET``,
 ``HELD_BACK_DEFERRED``, ``JOB_WRITES_LOCAL``, ``PASS_INTAKE``,
-``SUPERSEDED_WAVE_SETTLES``, ``PREEMPTION_REFILLS_WAITING``).
+``SUPERSEDED_WAVE_SETTLES``, ``PREEMPTION_REFILLS_WAITING``, ``FAILED_BATCH_JOB_ENDS``).
 The round before folded every earlier patch (work budgets, the published status,
 rolling updates and health checks, placement version 2, dropped-signal notices)
 into one baseline, since no user runs
@@ -21,6 +21,7 @@ __all__ = [
     "ADAPTIVE_BUDGET",
     "BUDGET_TO_TARGET",
     "DISRUPTION_BUDGETS",
+    "FAILED_BATCH_JOB_ENDS",
     "GANGS",
     "HELD_BACK_DEFERRED",
     "JOB_WRITES_LOCAL",
@@ -116,3 +117,11 @@ SUPERSEDED_WAVE_SETTLES = "superseded-wave-settles"
 #: reconcile state machine: a higher-priority submission preempted on a node with
 #: room to spare while an earlier submission waited out its backoff).
 PREEMPTION_REFILLS_WAITING = "preemption-refills-waiting"
+
+#: A batch job that failed for good ends there (workflows.batch ``settle``): none of
+#: its runs is placed again (the run that failed, after its reschedule interval, nor
+#: one never started) and those still bound are stopped, as a Kubernetes Job that
+#: reached its backoffLimit terminates its pods: a failed job holds no GPU. Runs
+#: recorded before it left the others running and placed the failed run again once
+#: its interval passed, though ``forge job wait`` had said failed.
+FAILED_BATCH_JOB_ENDS = "failed-batch-job-ends"

@@ -110,6 +110,8 @@ class LoopState:
     exited: dict[str, str] = field(default_factory=dict)
     batch_failed: dict[str, str] = field(default_factory=dict)  # job -> run: why
     why_failed: dict[str, str] = field(default_factory=dict)  # this pass's: run -> message
+    ending: dict[str, None] = field(default_factory=dict)  # jobs failed in this pass
+    batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:

@@ -172,6 +172,41 @@ async def test_an_exit_status_in_fail_on_exit_fails_the_job_without_a_retry(
         assert replayed.replay_failure is None, replayed.replay_failure
 
 
+async def test_a_failed_job_ends_its_other_runs_stop_and_none_runs_again(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Kubernetes' Job at its backoffLimit: the runs still going are stopped and no
+    run starts again (not the one that failed once its interval passed, not one that
+    never started), so a failed job holds no room. A run complete stays complete."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    never = {"attempts": 0, "interval": 1.0, "delay": 0.0}
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=3000, memory=8192)])
+        await fc.submit_job(batch("e", 5, reschedule=never))  # room for three at once
+        three = ["e/main/0", "e/main/1", "e/main/2"]
+        await until("three bound", lambda: bound(store, fc, "e") == three)
+        store.report(fc.cluster, [ended("e/main/0", "exited", code=0)])
+        await until("run 3 bound", lambda: bound(store, fc, "e") == [*three[1:], "e/main/3"])
+        store.report(fc.cluster, [ended("e/main/1", "failed", message="boom", code=1)])
+        await until("the others stopped", lambda: bound(store, fc, "e") == [])
+        state = reads.batch_state(store, fc.cluster, "e")
+        assert state is not None and state[0] == "failed" and "e/main/1:" in state[1]
+        assert store.completions(fc.cluster) == ["e/main/0"]
+        # past the failed run's reschedule interval (the clock cannot skip while the
+        # store watch runs): an input of the test, not a synchronisation
+        await asyncio.sleep(1.5)
+        await fc.submit_job(batch("poke", 1))  # a later pass
+        await until("a later pass ran", lambda: bound(store, fc, "poke") == ["poke/main/0"])
+        assert bound(store, fc, "e") == []
+        explained = await fc.explain("e/main/4")
+        assert any("its job failed (e/main/1): not run again" in r for r in explained.reasons)
+        history = await fc.handle().fetch_history()
+        replayed = await Replayer(
+            workflows=[ClusterWorkflow], data_converter=data_converter()
+        ).replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
+
+
 def test_a_run_failed_for_good_sets_no_deadline() -> None:
     """A ``failed`` entry is never tried again: were its time a deadline, a passed one
     would make the loop run pass after pass (next_wake <= now) for ever."""

@@ -4,10 +4,8 @@ grouped reasons, JSON shapes.
 Below both :mod:`forge.cli` and :mod:`forge.services` (neither imports upwards) so
 the command code reads as "get data, hand it to a renderer", and so ``forge dev``
 prints status exactly the way ``forge status`` does. Nothing here talks to a
-server or reads a file: every function takes plain data (models of
-:mod:`forge.wire.contract`) and returns strings or JSON-ready dicts, which keeps it
-testable without a cluster. ``forge plan``'s own output is
-:mod:`forge.cli.plan_output`.
+server or reads a file: every function takes plain data and returns strings or
+JSON-ready dicts. ``forge plan``'s own output is :mod:`forge.cli.plan_output`.
 
 The JSON shape built here (``status_json``) is the CLI's machine interface:
 scripts depend on its keys, so change it only by adding.
@@ -328,15 +326,17 @@ def job_result_line(r: JobResult) -> str:
     return f"{r.job_id}: {r.desired:,} desired, {r.bound:,} bound, {r.pending:,} pending"
 
 
-def jobs_table(jobs: Sequence[Job], bound: Mapping[str, int]) -> str:
-    """``forge job list``: one row per job, desired replicas from the spec and bound
-    replicas from the persisted bindings."""
+def jobs_table(jobs: Sequence[Job], bound: Mapping[str, int], states: Mapping[str, str]) -> str:
+    """``forge job list``: one row per job, desired replicas from the spec, bound
+    replicas from the persisted bindings, and a batch job's state (``service``
+    when it has none: forge.client.reads.JobList.labels)."""
     rows = []
     for job in jobs:
         desired = sum(g.scaling.desired for g in job.groups)
         groups = " ".join(f"{g.name}={g.scaling.desired}" for g in job.groups)
-        rows.append((job.id, job.priority, desired, bound.get(job.id, 0), groups))
-    return table(("JOB", "PRIORITY", "DESIRED", "BOUND", "GROUPS"), rows)
+        state = states.get(job.id, "service")
+        rows.append((job.id, job.priority, state, desired, bound.get(job.id, 0), groups))
+    return table(("JOB", "PRIORITY", "STATE", "DESIRED", "BOUND", "GROUPS"), rows)
 
 
 # ----------------------------------------------------------------------- progress

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,7 +25,6 @@ __all__ = ["COMMANDS", "MANY_JOBS", "job"]
 
 #: Above this many jobs, ``job run`` prints a summary instead of a line per job.
 MANY_JOBS = 20
-_PAGE = 5000
 
 
 @click.group(subcommand_metavar="COMMAND", short_help="validate, run, scale, stop and list jobs")
@@ -237,39 +234,21 @@ def stop(job_id: str, connect_timeout: float, **flags: str | None) -> int:
 @click.option("--json", "as_json", is_flag=True, help="print a JSON list")
 def list_(store: str | None, cluster: str | None, as_json: bool) -> int:
     from forge import render
+    from forge.client.reads import job_list
 
     s = settings(store=store, cluster=cluster)
     url = s.store_url
     opened = open_existing_store(url)
     try:
-        jobs = store_call(lambda: opened.list_jobs(s.cluster), url)
-        bound: Counter[str] = Counter()
-        after = ""
-        while True:
-            page = store_call(partial(opened.assignments, s.cluster, after, _PAGE), url)
-            bound.update(a.job for a in page)
-            if len(page) < _PAGE:
-                break
-            after = page[-1].workload_id
+        found = store_call(lambda: job_list(opened, s.cluster), url)
     finally:
         opened.close()
     if as_json:
-        print_json(
-            [
-                {
-                    "id": j.id,
-                    "priority": j.priority,
-                    "desired": sum(g.scaling.desired for g in j.groups),
-                    "bound": bound.get(j.id, 0),
-                    "groups": {g.name: g.scaling.desired for g in j.groups},
-                }
-                for j in jobs
-            ]
-        )
-    elif not jobs:
+        print_json(found.as_json())
+    elif not found.jobs:
         print(f"no jobs in cluster {s.cluster} (store {safe_url(url)})")
     else:
-        print(render.jobs_table(jobs, bound))
+        print(render.jobs_table(found.jobs, found.bound, found.labels()))
     return 0
 
 

@@ -8,10 +8,12 @@ client runs these in a thread.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
-from forge.core.models import Assignment, Node
+from forge.core.models import Assignment, Job, Node
 from forge.core.placement import Binding
 from forge.stores.base import Store
 from forge.wire import contract as c
@@ -19,12 +21,14 @@ from forge.wire import views
 
 __all__ = [
     "STORE_PAGE",
+    "JobList",
     "all_assignments",
     "all_nodes",
     "assignment_views",
     "batch_state",
     "completed_runs",
     "explanation",
+    "job_list",
     "node_usage",
     "published",
     "status",
@@ -143,14 +147,83 @@ def batch_state(store: Store, cluster: str, job_id: str) -> tuple[str, str] | No
     job = store.get_job(cluster, job_id)
     if job is None:
         return None
-    desired = sum(g.scaling.desired for g in job.groups)
     if job.type != "batch":
         return "service", f"job {job_id} is a {job.type} job: it runs until stopped"
     done = len(completed_runs(store, cluster, job_id))
     doc = published(store, cluster)
-    failed = doc.failed_jobs.get(job_id) if doc is not None else None
+    return _verdict(job, done, doc.failed_jobs.get(job_id) if doc is not None else None)
+
+
+def _verdict(job: Job, done: int, failed: str | None) -> tuple[str, str]:
+    desired = sum(g.scaling.desired for g in job.groups)
     if failed is not None:
         return "failed", f"{done}/{desired} runs complete; {failed}"
     if done >= desired:
         return "complete", f"{done}/{desired} runs complete"
     return "running", f"{done}/{desired} runs complete"
+
+
+@dataclass(frozen=True)
+class JobList:
+    """``forge job list``'s view: the jobs, their bound replicas, and each batch
+    job's state (``complete``, ``failed``, ``running``) and completed runs."""
+
+    jobs: list[Job]
+    bound: Counter[str]
+    states: dict[str, str]
+    complete: Counter[str]
+
+    def labels(self) -> dict[str, str]:
+        """Each batch job's STATE: its state and runs complete (``complete 2/2``), as
+        ``kubectl get jobs``' COMPLETIONS (a finished job binds nothing: BOUND 0
+        alone would read as stuck)."""
+        out = {}
+        for j in self.jobs:
+            if j.id in self.states:
+                desired = sum(g.scaling.desired for g in j.groups)
+                out[j.id] = f"{self.states[j.id]} {self.complete[j.id]}/{desired}"
+        return out
+
+    def as_json(self) -> list[dict[str, object]]:
+        """``--json``: one object per job (``state`` and ``complete``: batch only)."""
+        out: list[dict[str, object]] = []
+        for j in self.jobs:
+            row: dict[str, object] = {
+                "id": j.id,
+                "priority": j.priority,
+                "desired": sum(g.scaling.desired for g in j.groups),
+                "bound": self.bound.get(j.id, 0),
+                "groups": {g.name: g.scaling.desired for g in j.groups},
+            }
+            if j.type == "batch":
+                row |= {
+                    "type": "batch",
+                    "state": self.states[j.id],
+                    "complete": self.complete[j.id],
+                }
+            out.append(row)
+        return out
+
+
+def job_list(store: Store, cluster: str, page: int = STORE_PAGE) -> JobList:
+    """Every job with its bound and completed replicas, each read page by page
+    (O(jobs + bindings + completions): what the command prints)."""
+    jobs = store.list_jobs(cluster)
+    bound: Counter[str] = Counter()
+    after: str | None = ""
+    while after is not None:  # counted page by page: a million bindings are not kept
+        rows = store.assignments(cluster, after, page)
+        bound.update(a.job for a in rows)
+        after = rows[-1].workload_id if len(rows) == page else None
+    complete: Counter[str] = Counter()
+    after = "" if any(j.type == "batch" for j in jobs) else None
+    while after is not None:
+        done = store.completions(cluster, after, page)
+        complete.update(w.split("/", 1)[0] for w in done)
+        after = done[-1] if len(done) == page else None
+    doc = published(store, cluster)
+    failed = doc.failed_jobs if doc is not None else {}
+    states = {
+        j.id: _verdict(j, complete[j.id], failed.get(j.id))[0] for j in jobs if j.type == "batch"
+    }
+    return JobList(jobs, bound, states, complete)

@@ -549,10 +549,56 @@ def test_job_list_reads_jobs_and_bindings_from_the_store(
     code, out, _ = run(capsys, "job", "list", "--store", url, "--cluster", "c1")
     assert code == 0
     web_row = next(line for line in out.splitlines() if line.startswith("web "))
-    assert web_row.split()[:4] == ["web", "50", "4", "2"]
+    assert web_row.split()[:5] == ["web", "50", "service", "4", "2"]
 
     code, out, _ = run(capsys, "job", "list", "--store", url, "--cluster", "empty")
     assert code == 0 and "no jobs" in out
+
+
+def test_job_list_says_each_batch_jobs_state_and_runs_complete(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A finished batch job binds nothing: BOUND 0 alone reads as stuck, so the list
+    says complete / failed / running with the runs complete, as kubectl's COMPLETIONS."""
+    from forge.wire.published import LoopStatus, Summary
+
+    db = tmp_path / "forge.db"
+    url = f"sqlite:///{db}"
+    store = SqliteStore(str(db))
+    try:
+        for name, runs in (("done", 2), ("going", 3), ("bad", 2)):
+            task = {"name": "t", "resources": {"cpu": 100, "memory": 64}}
+            g = {"name": "g", "scaling": {"max": runs, "desired": runs}, "tasks": [task]}
+            store.put_job("c1", Job.model_validate({"name": name, "type": "batch", "groups": [g]}))
+        store.put_job("c1", load_jobs(EXAMPLES / "web.yaml")[0])
+        bound = [("done", 0), ("done", 1), ("going", 0), ("going", 1), ("bad", 0)]
+        bind = [_assignment(j, "g", o, 100) for j, o in bound]
+        store.apply_delta("c1", Fence(1, 1), Delta(bind=bind))
+        failed = LoopStatus(summary=Summary.empty(), failed_jobs={"bad": "bad/g/1: exhausted"})
+        store.apply_delta(
+            "c1",
+            Fence(1, 2),
+            Delta(
+                release=["done/g/0", "done/g/1", "going/g/0", "bad/g/0"],
+                complete=["done/g/0", "done/g/1", "going/g/0", "bad/g/0"],
+                status=failed.model_dump_json(),
+            ),
+        )
+    finally:
+        store.close()
+
+    code, out, _ = run(capsys, "job", "list", "--store", url, "--cluster", "c1")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows["done"][2:4] == ["complete", "2/2"]
+    assert rows["going"][2:4] == ["running", "1/3"]
+    assert rows["bad"][2:4] == ["failed", "1/2"]
+    assert rows["web"][2] == "service"
+    code, out, _ = run(capsys, "job", "list", "--store", url, "--cluster", "c1", "--json")
+    listed = {j["id"]: j for j in json.loads(out)}
+    assert (listed["going"]["state"], listed["going"]["complete"]) == ("running", 1)
+    assert (listed["going"]["bound"], listed["bad"]["state"]) == (1, "failed")
+    assert "state" not in listed["web"]  # a service's row as before
 
 
 def _assignment(job: str, group: str, ordinal: int, cpu: int) -> Any:

@@ -36,11 +36,19 @@ __all__ = [
 ]
 
 
-def track(st: LoopState, job_id: str, job: Job | None) -> None:
+def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -> None:
     """Keep ``st.batch`` (the batch jobs' ids) with the jobs; a deleted batch job's
-    done ordinals go with it (the store deletes its completions with the job)."""
+    done ordinals go with it (the store deletes its completions with the job). A
+    failed job whose spec changes is tried again (as Nomad runs a dead batch job's
+    new version): its runs not complete may run, each with a fresh history."""
     if job is not None and job.type == "batch":
         st.batch[job_id] = None
+        if st.batch_ends and old is not None and old != job and job_id in st.batch_failed:
+            del st.batch_failed[job_id]
+            st.ending.pop(job_id, None)
+            for g in old.groups:
+                for ordinal in range(g.scaling.desired):
+                    st.failures.pop(workload_id(job_id, g.name, ordinal), None)
         return
     if st.batch.pop(job_id, 0) is None:
         st.batch_failed.pop(job_id, None)

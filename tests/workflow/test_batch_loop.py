@@ -161,10 +161,11 @@ async def test_an_exit_status_in_fail_on_exit_fails_the_job_without_a_retry(
         assert state is not None
         assert "x/main/0: exit status 42 is in reschedule.fail_on_exit: not retried" in state[1]
         assert state[1].endswith(f"(last: {why})")
-        assert bound(store, fc, "x") == ["x/main/1"]  # never bound again
-        await fc.submit_job(batch("poke", 1))  # a later pass: still not placed
+        # the job ended: its other run is stopped, and neither is placed again
+        await until("the other run stopped", lambda: bound(store, fc, "x") == [])
+        await fc.submit_job(batch("poke", 1))  # a later pass
         await until("a later pass ran", lambda: bound(store, fc, "poke") == ["poke/main/0"])
-        assert "x/main/0" not in bound(store, fc, "x")
+        assert bound(store, fc, "x") == []
         history = await fc.handle().fetch_history()
         replayed = await Replayer(
             workflows=[ClusterWorkflow], data_converter=data_converter()
@@ -200,6 +201,19 @@ async def test_a_failed_job_ends_its_other_runs_stop_and_none_runs_again(
         assert bound(store, fc, "e") == []
         explained = await fc.explain("e/main/4")
         assert any("its job failed (e/main/1): not run again" in r for r in explained.reasons)
+        # the same spec again changes nothing; a changed one is tried again, its
+        # complete run kept
+        await fc.submit_job(batch("e", 5, reschedule=never))
+        await fc.submit_job(batch("poke2", 1))
+        await until("a pass after it", lambda: bound(store, fc, "poke2") == ["poke2/main/0"])
+        assert bound(store, fc, "e") == []
+        await fc.stop_job("poke")
+        await fc.stop_job("poke2")
+        await fc.submit_job(batch("e", 5, reschedule={**never, "attempts": 1}))
+        again = ["e/main/1", "e/main/2", "e/main/3"]  # room for three
+        await until("tried again", lambda: bound(store, fc, "e") == again)
+        state = reads.batch_state(store, fc.cluster, "e")
+        assert state is not None and state[0] == "running"
         history = await fc.handle().fetch_history()
         replayed = await Replayer(
             workflows=[ClusterWorkflow], data_converter=data_converter()

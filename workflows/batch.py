@@ -44,16 +44,25 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
     if job is not None and job.type == "batch":
         st.batch[job_id] = None
         if st.batch_ends and old is not None and old != job and job_id in st.batch_failed:
-            del st.batch_failed[job_id]
-            st.ending.pop(job_id, None)
-            for g in old.groups:
-                for ordinal in range(g.scaling.desired):
-                    st.failures.pop(workload_id(job_id, g.name, ordinal), None)
+            _forget_failed(st, job_id, old)
         return
     if st.batch.pop(job_id, 0) is None:
+        if job_id in st.batch_failed and old is not None:
+            _forget_failed(st, job_id, old)  # (a service of that id starts afresh)
         st.batch_failed.pop(job_id, None)
+        st.batch_ended.pop(job_id, None)
         for key in [k for k in sorted(st.done) if k[0] == job_id]:
             del st.done[key]
+
+
+def _forget_failed(st: LoopState, job_id: str, old: Job) -> None:
+    """A failed job changed or went: it is failed no more, and its runs' histories
+    (fatal marks included) go, so what comes next starts afresh."""
+    del st.batch_failed[job_id]
+    st.batch_ended.pop(job_id, None)
+    for g in old.groups:
+        for ordinal in range(g.scaling.desired):
+            st.failures.pop(workload_id(job_id, g.name, ordinal), None)
 
 
 def take_end(
@@ -132,8 +141,6 @@ def failures(st: LoopState, plan: Plan) -> None:
         if job_id in st.batch and entry is not None and entry.kind in ("exhausted", "failed"):
             why = st.why_failed.get(wid)
             last = f" (last: {why})" if why else ""
-            if job_id not in st.batch_failed and st.batch_ends:
-                st.ending[job_id] = None
             st.batch_failed.setdefault(job_id, f"{wid}: {'; '.join(entry.reasons)}{last}")
 
 
@@ -149,32 +156,40 @@ def settle(st: LoopState) -> bool:
         st.exited = {
             w: n for w, n in st.exited.items() if (b := bindings.get(w)) is not None and b.node == n
         }
-    if not st.ending:
+    if not st.batch_ends or len(st.batch_ended) == len(st.batch_failed):
         return False
-    for job_id in sorted(st.ending):
-        end(st, job_id)
-    st.ending = {}
-    return True
+    again = False
+    for job_id in sorted(st.batch_failed):
+        if job_id not in st.batch_ended and not end(st, job_id):
+            st.batch_ended[job_id] = None
+        again = again or job_id not in st.batch_ended
+    return again
 
 
-def end(st: LoopState, job_id: str) -> None:
+def end(st: LoopState, job_id: str) -> bool:
     """A batch job failed for good: each of its runs not complete is marked fatal
     (never placed again, forge.core.waiting) and those still bound fail, so the next
-    pass stops them. Once per failed job, bounded by its runs."""
+    pass stops them. True: some were bound. Run after each pass until none is (then
+    the job is in ``batch_ended``, carried across runs): whatever comes between (a
+    continue-as-new, a reload), its runs are stopped. Bounded by the job's runs."""
     job = st.jobs.get(job_id)
     if job is None:
-        return
+        return False
     why = f"its job failed ({st.batch_failed[job_id].split(':', 1)[0]}): not run again"
+    bound = False
     for g in job.groups:
         done = st.done.get((job_id, g.name), ())
         for ordinal in range(g.scaling.desired):
             wid = workload_id(job_id, g.name, ordinal)
-            hist = st.failures.get(wid)
-            if ordinal in done or (hist is not None and hist.fatal):
+            if ordinal in done:
                 continue
-            st.failures[wid] = (hist or FailureHistory()).model_copy(update={"fatal": why})
+            hist = st.failures.get(wid)
+            if hist is None or not hist.fatal:
+                st.failures[wid] = (hist or FailureHistory()).model_copy(update={"fatal": why})
             if wid in st.bindings:
                 st.failed[wid] = None
+                bound = True
+    return bound
 
 
 async def load_done(st: LoopState) -> None:

@@ -106,7 +106,7 @@ async def load_jobs(st: LoopState) -> None:
 
 def put_job(st: LoopState, jobs: dict[str, Job], job_id: str, job: Job | None) -> None:
     """One job change into ``jobs`` (None deletes)."""
-    batch.track(st, job_id, job, jobs.get(job_id))
+    batch.track(st, job_id, job, jobs.get(job_id) or st.jobs.get(job_id))
     if job is None:
         jobs.pop(job_id, None)
         return

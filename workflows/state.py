@@ -110,7 +110,7 @@ class LoopState:
     exited: dict[str, str] = field(default_factory=dict)
     batch_failed: dict[str, str] = field(default_factory=dict)  # job -> run: why
     why_failed: dict[str, str] = field(default_factory=dict)  # this pass's: run -> message
-    ending: dict[str, None] = field(default_factory=dict)  # jobs failed in this pass
+    batch_ended: dict[str, None] = field(default_factory=dict)  # failed: none bound now
     batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
 
     @classmethod
@@ -145,6 +145,7 @@ class LoopState:
             last_reset_run=cp.last_reset_run,
             exited=dict(cp.exited),
             batch_failed=dict(cp.batch_failed),
+            batch_ended=dict(cp.batch_ended),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -178,6 +179,7 @@ class LoopState:
             last_reset_run=self.last_reset_run,
             exited=self.exited,
             batch_failed=self.batch_failed,
+            batch_ended=self.batch_ended,
         )
 
     def watch_input(self) -> ac.WatchIn:

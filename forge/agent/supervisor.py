@@ -256,7 +256,8 @@ class Supervisor:
                     if not t.finished():
                         _signal_group(t.pid, signal.SIGKILL)
             if replica.outcome is None and done:
-                first, code = done[0], None
+                # the status that decides: a task's failure, whatever ended first
+                first, code = next((t for t in done if t.exit_code != 0), done[0]), None
                 if replica.stop_reason:
                     outcome = ("failed", replica.stop_reason)
                 elif self.cgroups is not None and self.cgroups.oom_killed(wid):

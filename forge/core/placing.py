@@ -15,6 +15,7 @@ keeps what it reads in local variables and calls out only for the rare cases.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from math import inf
 
 from forge.core.groups import Bound, Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
@@ -246,7 +247,8 @@ class Placing:
         if not walked:
             self.parked.pop(key, None)
             return
-        until = min(w.not_before for w in walked.values())
+        # a run failed for good has no delay to end (inf: none but a change unparks)
+        until = min((w.not_before for w in walked.values() if w.kind != "failed"), default=inf)
         backoff = any(w.kind == "backoff" for w in walked.values())
         self.parked[key] = Parked(entry, bound, until, backoff, walked)
 

@@ -231,10 +231,13 @@ class Checkpoint(_Msg):
     exited: dict[str, str] = Field(default_factory=dict)
     #: batch jobs failed for good: job id -> the run and why
     batch_failed: dict[str, str] = Field(default_factory=dict)
+    #: of those, the ones whose runs are all stopped (workflows.batch.end)
+    batch_ended: dict[str, None] = Field(default_factory=dict)
 
     _omit = omit_defaults(
         "exited",
         "batch_failed",
+        "batch_ended",
         "health",
         "max_work",
         "preemptions",

@@ -102,6 +102,29 @@ def test_an_end_is_reported_with_its_exit_status_when_the_task_gave_one(store, t
     agent.shutdown(stop_tasks=True)
 
 
+def test_a_task_that_failed_decides_though_a_sibling_exited_0_first(store, tmp_path) -> None:
+    """Both tasks end before the agent looks: the replica failed (with the failing
+    task's status), whatever the order of the tasks in the spec."""
+    agent = _agent(store, tmp_path)
+    base = command_job("two", [PY, "-c", "pass"])
+    g = base.groups[0]
+    bad = g.tasks[0].model_copy(update={"name": "u", "command": (PY, "-c", "raise SystemExit(3)")})
+    job = base.model_copy(update={"groups": (g.model_copy(update={"tasks": (*g.tasks, bad)}),)})
+    wid = Binder(store).bind(job, 0, "n1")
+    agent.step()  # starts both
+    pids = _pids(agent, wid)
+    until(lambda: not any(alive(pid) for pid in pids))  # both ended, unseen yet
+    ended = lambda: _reports(store, wid) and _reports(store, wid)[-1][0] != "running"  # noqa: E731
+    until(ended, step=agent.step)
+    last = [r for r in store.reports_since("default", 0) if r.workload_id == wid][-1]
+    assert (last.status, last.message, last.exit_code) == (
+        "failed",
+        "task u exited with status 3",
+        3,
+    )
+    agent.shutdown(stop_tasks=True)
+
+
 def test_a_killed_task_is_reported_failed_and_restarted_only_by_a_new_binding(
     store, tmp_path
 ) -> None:

@@ -66,3 +66,22 @@ def test_fail_on_exit_is_a_batch_rule_with_codes_1_to_255() -> None:
     # a policy that does not use it dumps as before (the spec's version is unchanged)
     assert "fail_on_exit" not in ReschedulePolicy().model_dump_json()
     assert "fail_on_exit" not in job("s", group("g")).model_dump_json()
+
+
+def test_a_group_whose_runs_all_failed_for_good_is_parked_not_walked() -> None:
+    """Its entries have no delay to end: walking 50,000 of them every pass would be
+    the pass's cost for as long as the failed job is kept (found in review)."""
+    loop = Loop({"b": listing((42,), desired=500)}, {}, carried=True)  # no node: none bound
+    loop.run()
+    assert loop.plan is not None
+    for o in range(500):
+        loop.plan.failures[f"b/g/{o}"] = FailureHistory(fatal="its job failed")
+    loop.jobs = {"b": loop.jobs["b"], "s": job("s", group("g"))}  # a change: b walked
+    walked = loop.run()
+    assert {e.kind for w, e in walked.pending.items() if w.startswith("b/")} == {"failed"}
+    last = walked
+    for _ in range(3):
+        plan = loop.run()
+        # taken whole: the very entries of the pass before (a walk makes new ones)
+        assert all(plan.pending[w] is last.pending[w] for w in ("b/g/0", "b/g/499"))
+        last = plan

@@ -1,0 +1,83 @@
+"""A failed batch job's end, at the edges the loop has (found in review): the pass
+that fails it may be its run's last (continue-as-new before the stop), a changed
+spec may come through a full reload, the job's id may come back as a service. The
+runs are stopped and never placed again whatever falls between; a change starts it
+over. Each history replays."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from forge.client import reads
+from forge.wire.codec import data_converter
+from tests.workflow.harness import cluster, default_options, job, node
+from tests.workflow.test_batch_loop import batch, bound, ended, until
+from workflows.cluster import ClusterWorkflow
+
+NEVER = {"attempts": 0, "interval": 3600.0, "delay": 0.0}
+
+
+async def _replays(fc: object) -> None:
+    history = await fc.handle().fetch_history()  # type: ignore[attr-defined]
+    replayed = await Replayer(
+        workflows=[ClusterWorkflow], data_converter=data_converter()
+    ).replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+@pytest.mark.parametrize("limit", [2, 3, 4])
+async def test_the_stop_outlives_a_continue_as_new_right_after_the_failure(
+    skipping_env: WorkflowEnvironment, limit: int
+) -> None:
+    """``limit`` passes a run: the failing pass falls on a run's last pass for one of
+    them, and the pass that stops the rest is then the next run's."""
+    options = default_options(
+        watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0, max_passes_per_run=limit
+    )
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=3000, memory=8192)])
+        await fc.submit_job(batch("e", 3, reschedule=NEVER))
+        three = ["e/main/0", "e/main/1", "e/main/2"]
+        await until("three bound", lambda: bound(store, fc, "e") == three)
+        store.report(fc.cluster, [ended("e/main/1", "failed", message="boom", code=1)])
+        await until("the others stopped", lambda: bound(store, fc, "e") == [])
+        await fc.register_nodes([node("n2", cpu=3000, memory=8192)])  # later passes
+        await fc.submit_job(batch("poke", 1))
+        await until("a later pass ran", lambda: bound(store, fc, "poke") == ["poke/main/0"])
+        assert bound(store, fc, "e") == []
+        assert (reads.batch_state(store, fc.cluster, "e") or ("",))[0] == "failed"
+
+
+async def test_a_changed_spec_found_by_a_full_reload_tries_the_job_again(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """A resync every pass: every job change arrives by a full reload of the jobs."""
+    options = default_options(
+        watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0, resync_seconds=0.001
+    )
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=3000, memory=8192)])
+        await fc.submit_job(batch("e", 2, reschedule=NEVER))
+        await until("bound", lambda: bound(store, fc, "e") == ["e/main/0", "e/main/1"])
+        store.report(fc.cluster, [ended("e/main/1", "failed", message="boom", code=1)])
+        await until("stopped", lambda: bound(store, fc, "e") == [])
+        await fc.submit_job(batch("e", 2, reschedule={**NEVER, "attempts": 1}))
+        await until("tried again", lambda: bound(store, fc, "e") == ["e/main/0", "e/main/1"])
+        assert (reads.batch_state(store, fc.cluster, "e") or ("",))[0] == "running"
+
+
+async def test_the_id_of_a_failed_job_back_as_a_service_runs(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=3000, memory=8192)])
+        await fc.submit_job(batch("e", 2, reschedule=NEVER))
+        await until("bound", lambda: bound(store, fc, "e") == ["e/main/0", "e/main/1"])
+        store.report(fc.cluster, [ended("e/main/1", "failed", message="boom", code=1)])
+        await until("stopped", lambda: bound(store, fc, "e") == [])
+        await fc.submit_job(job("e", 2, 1000, 1024))  # the same id, now a service
+        await until("the service runs", lambda: bound(store, fc, "e") == ["e/main/0", "e/main/1"])
+        await _replays(fc)

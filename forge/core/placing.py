@@ -86,10 +86,9 @@ class Placing:
             reasons=("deferred to the next pass (per-pass placement or work limit)",),
         )
         self._backoff: dict[tuple[int, tuple[str, ...]], PendingEntry] = {}
-        # per class and pass: a pending class's answers do not change within the
-        # pass (could_ever_fit looks at total capacity; a diagnosis is formatted
-        # once). Keyed by identity: a group's request and constraints, and a
-        # class's diagnosis, are one object each for the whole pass.
+        # per class and pass: a pending class's answers do not change within the pass
+        # (could_ever_fit looks at total capacity; a diagnosis is formatted once), keyed
+        # by identity: a group's request and constraints, a class's diagnosis.
         self._ever_fits: dict[tuple[int, int], bool] = {}
         self._texts: dict[int, tuple[Diagnosis, str]] = {}
         # groups whose rules look at their own replicas (distinct_hosts, spread)
@@ -100,10 +99,9 @@ class Placing:
     def run(self, visit: list[tuple[SortKey, GroupKey]], last_asking: SortKey | None) -> None:
         """Visit the groups in order, then retry the held-back replicas."""
         placer, groups, bound = self.placer, self.groups, self.bound
-        # The reservation keeps GPU nodes for GPU work that is waiting. Once the
-        # last job asking GPUs has had its turn and no GPU replica is left unbound,
-        # there is none: the rest of the pass may use all the cpu and memory (else a
-        # tight cluster whose GPUs are not all wanted would leave work pending).
+        # The reservation keeps GPU nodes for waiting GPU work; once the last job asking
+        # GPUs had its turn and no GPU replica is unbound, the rest of the pass may use
+        # all cpu and memory (else a tight cluster with unwanted GPUs leaves work pending).
         lift_checked = not placer.reserving  # checked once, as a walk would
         for i, (order, key) in enumerate(visit):
             if not lift_checked and (last_asking is None or order > last_asking):
@@ -243,11 +241,11 @@ class Placing:
     def _park(
         self, key: GroupKey, entry: Group, bound: int, walked: dict[str, PendingEntry] | None
     ) -> None:
-        """Park a group whose unbound replicas all waited (``walked``); else unpark it."""
+        """Park a group whose unbound replicas all waited (``walked``); else unpark it
+        (a run failed for good has no delay to end: only a change unparks it)."""
         if not walked:
             self.parked.pop(key, None)
             return
-        # a run failed for good has no delay to end (inf: none but a change unparks)
         until = min((w.not_before for w in walked.values() if w.kind != "failed"), default=inf)
         backoff = any(w.kind == "backoff" for w in walked.values())
         self.parked[key] = Parked(entry, bound, until, backoff, walked)

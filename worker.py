@@ -25,6 +25,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
 
+from activities.periodic import PeriodicActivities
 from activities.store_activities import StoreActivities
 from forge.client import watchdog
 from forge.client.client import ensure_search_attributes
@@ -33,6 +34,7 @@ from forge.settings import Settings, SettingsError
 from forge.stores import Store, open_store
 from forge.wire.codec import data_converter
 from workflows.cluster import ClusterWorkflow
+from workflows.periodic import PeriodicJobWorkflow
 
 __all__ = ["GcGovernor", "build_worker", "history_replay", "main", "run_worker"]
 
@@ -134,8 +136,9 @@ def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[ClusterWorkflow],
-        activities=acts.all(),
+        # a periodic job's firings run beside the loop, on its task queue
+        workflows=[ClusterWorkflow, PeriodicJobWorkflow],
+        activities=acts.all() + PeriodicActivities(client, store).all(),
         activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=16),
         max_concurrent_activities=16,
         graceful_shutdown_timeout=timedelta(seconds=5),

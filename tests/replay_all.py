@@ -1,4 +1,5 @@
-"""Replay every cluster workflow run a test session made, with this code.
+"""Replay every cluster workflow run (and periodic job firing) a test session made,
+with this code.
 
 The end-to-end and fault suites run real workers against a dev server; when their
 server stops, every run of the cluster workflow it holds is fetched and replayed
@@ -18,17 +19,22 @@ from temporalio.worker import Replayer
 
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
+from forge.wire.periodic import WORKFLOW_PERIODIC
 from tests.faults.checks import la_late
 from workflows.cluster import ClusterWorkflow
+from workflows.periodic import PeriodicJobWorkflow
 
 __all__ = ["replay_every_run"]
 
 
 async def replay_every_run(client: Client) -> list[str]:
     """Each run that fails replay, as ``workflow id/run id: error``."""
-    replayer = Replayer(workflows=[ClusterWorkflow], data_converter=data_converter())
+    replayer = Replayer(
+        workflows=[ClusterWorkflow, PeriodicJobWorkflow], data_converter=data_converter()
+    )
     failures: list[str] = []
-    async for wf in client.list_workflows(f"WorkflowType = '{c.WORKFLOW_TYPE}'"):
+    types = f"WorkflowType = '{c.WORKFLOW_TYPE}' OR WorkflowType = '{WORKFLOW_PERIODIC}'"
+    async for wf in client.list_workflows(types):
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         last = history.events[-1] if history.events else None
         if (

@@ -74,6 +74,8 @@ def test_the_examples_load() -> None:
     (web,) = load_jobs(EXAMPLES / "web.yaml")
     (train,) = load_jobs(EXAMPLES / "train.yaml")
     (evaluation,) = load_jobs(EXAMPLES / "eval.yaml")
+    (nightly,) = load_jobs(EXAMPLES / "nightly.yaml")
+    assert nightly.schedule is not None and nightly.schedule.timezone == "Europe/Berlin"
     nodes = load_nodes(EXAMPLES / "nodes.yaml")
     assert (evaluation.type, train.type) == ("batch", "service")
     assert [g.name for g in web.groups] == ["api", "train"]

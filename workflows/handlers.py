@@ -41,6 +41,7 @@ from workflows.state import LoopState, worker_clock
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import MAX_BATCH_BYTES, Job, NodeState, workload_id
+    from forge.core.periodic import not_submittable
     from forge.core.taskenv import reserved_env
     from forge.wire import contract as c
     from forge.wire import views
@@ -553,11 +554,10 @@ class Handlers:
 
 
 def _refuse_reserved_env(jobs: Sequence[Job]) -> None:
-    """Refuse a job whose task sets a variable Forge sets (``CUDA_VISIBLE_DEVICES``,
-    ...): checked here, for every client, and not in the model, which must still
-    load a job stored before the rule."""
+    """Refuse a periodic job (a schedule's template) or a task setting a variable Forge
+    sets: here, for every client, not in the model (a stored job must still load)."""
     for job in jobs:
-        problems = reserved_env(job)
+        problems = reserved_env(job) + not_submittable(job.id, job.schedule)
         if problems:
             where, why = problems[0]
             raise refuse(f"job {job.id}: {where}: {why}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -10,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from forge.cli.params import NAME, Checked, cluster_option, replicas, store_option, temporal_options
+from forge.cli.periodic import apply_schedules, remove_schedule, split
 from forge.cli.remote import open_existing_store, print_json, remote, safe_url, settings, store_call
+from forge.cli.submit import MANY_JOBS, submit_all
 from forge.cli.wait import wait
 from forge.core.models import Assignment, AssignmentStatus, Job
 from forge.errors import NotFound
@@ -19,12 +20,9 @@ from forge.loaders import load_jobs
 if TYPE_CHECKING:
     from forge.client.client import ForgeClient
     from forge.stores.base import GroupVersion
-    from forge.wire.contract import JobResult, RolloutView
+    from forge.wire.contract import RolloutView
 
 __all__ = ["COMMANDS", "MANY_JOBS", "job"]
-
-#: Above this many jobs, ``job run`` prints a summary instead of a line per job.
-MANY_JOBS = 20
 
 
 @click.group(subcommand_metavar="COMMAND", short_help="validate, run, scale, stop and list jobs")
@@ -45,11 +43,10 @@ def validate(file: str) -> int:
     short_help="submit the jobs of a file (starts the cluster workflow if needed)",
     help=(
         "Submit every job of FILE in batched updates, all sent at once within the "
-        "server's in-flight limit (the first by update-with-start, so the cluster "
-        "workflow is started when it is not running), each answered once stored in "
-        "the workflow; then, unless --no-wait, wait for the pass that plans them. A "
-        f"terminal shows progress; above {MANY_JOBS} jobs a summary replaces the "
-        "per-job lines."
+        "server's in-flight limit (the first by update-with-start: it starts the cluster "
+        "workflow if needed), each answered once stored; then, unless --no-wait, wait "
+        f"for the pass that plans them (a progress bar on a terminal; a summary above "
+        f"{MANY_JOBS} jobs). A job with a schedule becomes a Temporal Schedule instead."
     ),
 )
 @click.argument("file", metavar="FILE")
@@ -58,12 +55,15 @@ def validate(file: str) -> int:
 def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -> int:
     from forge import render
 
-    jobs = load_jobs(file)  # before connecting: bad input fails fast, offline
+    jobs, scheduled = split(load_jobs(file))  # before connecting: bad input fails fast
     wait = not no_wait
 
     async def action(fc: ForgeClient) -> int:
+        await apply_schedules(fc, scheduled)  # periodic jobs: Temporal Schedules
+        if not jobs:
+            return 0
         start = time.perf_counter()
-        results = await _submit_all(fc, jobs, wait=wait)
+        results = await submit_all(fc, jobs, wait=wait)
         seconds = time.perf_counter() - start
         if len(jobs) <= MANY_JOBS:
             for r in results:
@@ -91,57 +91,6 @@ def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -
         return 0
 
     return remote(settings(**flags), connect_timeout, action)
-
-
-async def _submit_all(fc: ForgeClient, jobs: Sequence[Job], *, wait: bool) -> list[JobResult]:
-    """Submit in batched updates, all at once (``ForgeClient.submit_jobs``: one
-    update per ``MAX_JOBS_PER_UPDATE`` jobs, within the server's in-flight limit,
-    each answered once stored; with ``wait`` a last one after the pass that plans
-    them).
-
-    One update per job would hit Temporal's per-run cap on distinct updates (2,000
-    by default) on the Alibaba trace's 8,152 jobs, and cost a workflow round trip
-    each. A terminal shows a progress bar as the batches are answered.
-    """
-    bar = _Progress(len(jobs), enabled=sys.stderr.isatty() and len(jobs) > MANY_JOBS)
-    try:
-        results = await fc.submit_jobs(jobs, wait=wait, progress=bar.update)
-    except BaseException:
-        bar.close()
-        if bar.done:  # say what did go in: a rerun resubmits them, harmlessly
-            print(f"forge: {bar.done:,} of {len(jobs):,} jobs were submitted", file=sys.stderr)
-        raise
-    bar.close()
-    return results
-
-
-class _Progress:
-    """``submitting jobs [#####.....] 4,000/8,152`` on stderr, redrawn in place
-    (a terminal only: a pipe or a log file gets nothing)."""
-
-    WIDTH = 30
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.total = total
-        self.enabled = enabled
-        self.done = 0
-        self._drawn = False
-
-    def update(self, done: int) -> None:
-        self.done = done
-        if not self.enabled:
-            return
-        filled = self.WIDTH * done // max(1, self.total)
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        sys.stderr.write(f"\rsubmitting jobs [{bar}] {done:,}/{self.total:,}")
-        sys.stderr.flush()
-        self._drawn = True
-
-    def close(self) -> None:
-        if self._drawn:  # end the bar's line
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self._drawn = False
 
 
 @job.command(short_help="set a group's desired replica count")
@@ -212,8 +161,9 @@ def revert(
 @temporal_options
 def stop(job_id: str, connect_timeout: float, **flags: str | None) -> int:
     async def action(fc: ForgeClient) -> int:
-        r = await fc.stop_job(job_id)
-        print(f"{r.job_id}: stopped (revision {r.revision})")
+        if not await remove_schedule(fc, job_id):
+            r = await fc.stop_job(job_id)
+            print(f"{r.job_id}: stopped (revision {r.revision})")
         return 0
 
     return remote(settings(**flags), connect_timeout, action)

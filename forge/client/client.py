@@ -22,7 +22,7 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge.client import failures, reads, watchdog
+from forge.client import failures, periodic, reads, watchdog
 from forge.client.limits import (
     MAX_REQUEST_BYTES,
     ForgeError,
@@ -258,6 +258,17 @@ class ForgeClient(Transport):
             c.UPDATE_STOP_JOB, c.StopJob(job_id=job_id), c.JobResult
         )
         return result
+
+    @_forge_errors
+    async def apply_schedule(self, job: Job) -> periodic.Applied:
+        """Create or update periodic job ``job``'s Temporal Schedule (its ``schedule``
+        set): each firing submits an instance ``NAME-YYYYMMDDHHMMSS`` (forge.core.periodic)."""
+        return await periodic.apply_schedule(self.client, self.cluster, self.task_queue, job)
+
+    @_forge_errors
+    async def remove_schedule(self, job_id: str) -> bool:
+        """Delete periodic job ``job_id``'s schedule (False: it has none)."""
+        return await periodic.remove_schedule(self.client, self.cluster, job_id)
 
     @_forge_errors
     async def promote(self, job_id: str, group: str | None = None) -> list[str]:

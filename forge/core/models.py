@@ -59,6 +59,7 @@ from forge.core.limits import (
     is_valid_name,
 )
 from forge.core.nodes import GpuDevice, Node, NodeState, Taint, Toleration, tolerated
+from forge.core.periodic import Schedule, check_periodic
 from forge.core.policies import (
     AutoscalePolicy,
     DelayFunction,
@@ -244,8 +245,7 @@ class TaskGroup(Evolving):
     #: releases the rest and is placed again together; ``keep`` leaves the rest.
     on_member_loss: Literal["restart_all", "keep"] = "restart_all"
     #: Tell each replica its rank and its peers' addresses (forge.core.taskenv), as a
-    #: gang's members always are: for groups that find each other but need not start
-    #: together.
+    #: gang's members always are, for groups that need not start together.
     rendezvous: Bool = False
 
     @model_validator(mode="after")
@@ -337,19 +337,18 @@ class TaskGroup(Evolving):
 
 
 class Job(Evolving):
-    _new_fields = ("preemption", "type")
+    _new_fields = ("preemption", "type", "schedule")
 
     id: Name = Field(default="", validate_default=False)
     name: Name
     priority: Int = Field(default=50, ge=1, le=100)
-    #: ``never``: the job's replicas wait for capacity rather than preempt lower
-    #: priority work (they may still be preempted themselves).
+    #: ``never``: wait for capacity rather than preempt (but may be preempted).
     preemption: Literal["allowed", "never"] = "allowed"
-    #: What a replica's end means (forge.core.kinds): a ``service`` replica is
-    #: restarted whenever it ends; a ``batch`` replica whose tasks all exit 0 is
-    #: complete and never runs again.
+    #: What a replica's end means (forge.core.kinds): a service's is a failure.
     type: JobType = "service"
     groups: tuple[TaskGroup, ...] = Field(min_length=1, max_length=MAX_GROUPS)
+    #: A batch job run by a Temporal Schedule, an instance per firing (forge.core.periodic).
+    schedule: Schedule | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -373,6 +372,7 @@ class Job(Evolving):
     @model_validator(mode="after")
     def _kind_rules(self) -> Self:
         check_kind(self.type, self.groups)
+        check_periodic(self.name, self.type, self.schedule)
         return self
 
     @model_validator(mode="after")

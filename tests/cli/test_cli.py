@@ -143,8 +143,25 @@ def job_yaml(resources: str = "{cpu: 500, memory: 256}", group_extra: str = "") 
         ),
         (job_yaml(group_extra="    replicas: 3\n"), "groups.0.replicas: unknown field"),
         (job_yaml().replace("name: web", "name: a/b"), "name: must be 1-63"),
+        (
+            "type: batch\nschedule: {cron: '0 25 * * *'}\n" + job_yaml(),
+            "schedule.cron: hour '25': '25' is not in 0-23",
+        ),
+        (
+            "type: batch\nschedule: {cron: '@daily', timezone: Moon/Base}\n" + job_yaml(),
+            "schedule.timezone: unknown time zone 'Moon/Base'",
+        ),
+        ("schedule: {cron: '@daily'}\n" + job_yaml(), "schedule: only a batch job"),
     ],
-    ids=["negative-cpu", "min-above-max", "unknown-field", "slash-in-name"],
+    ids=[
+        "negative-cpu",
+        "min-above-max",
+        "unknown-field",
+        "slash-in-name",
+        "bad-cron",
+        "unknown-timezone",
+        "schedule-on-a-service",
+    ],
 )
 def test_job_validate_rejects_bad_fields_with_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, named: str

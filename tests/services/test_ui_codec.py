@@ -430,3 +430,43 @@ def test_the_web_ui_shows_details_a_decoded_persist_input_and_the_status_query(
     print(f"screenshots: {sorted(p.name for p in shots.iterdir())} in {shots}")
     for shot in shots.iterdir():
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def test_a_periodic_job_is_a_schedule_on_the_web_uis_schedules_page(
+    dev: Dev, tmp_path: Path
+) -> None:
+    binary = chromium_binary()
+    if binary is None:
+        pytest.fail("headless Chromium is missing: run `bash scripts/ensure-chromium.sh`")
+    env = {
+        **_env(),
+        "FORGE_TEMPORAL_ADDRESS": dev.address,
+        "FORGE_DATA_DIR": str(dev.data),
+        "FORGE_CODEC_KEY_FILE": str(dev.data / "codec.key"),
+    }
+    forge = str(BIN / "forge")
+
+    def cli(*argv: str) -> str:
+        proc = subprocess.run(
+            [forge, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    sid = "forge-periodic-default:nightly-report"
+    assert f"nightly-report: scheduled (Temporal Schedule {sid})" in cli(
+        "job", "run", "examples/nightly.yaml"
+    )
+    try:
+        with Browser(binary, tmp_path / "chromium", height=1200) as b:
+            b.goto(f"{dev.ui}/namespaces/default/schedules")
+            text = b.wait_until(
+                lambda t: sid in t and "ForgePeriodicJob" in t,
+                timeout=60,
+                what="the schedule listed with its workflow type",
+            )
+            b.screenshot(tmp_path / "schedules.png")
+            assert sid in text
+    finally:
+        assert "nightly-report: schedule removed" in cli("job", "stop", "nightly-report")
+    assert (tmp_path / "schedules.png").stat().st_size > 10_000

@@ -28,10 +28,12 @@ from forge.errors import InvalidInput, NotFound
 from forge.stores import Store
 from forge.wire import periodic as p
 
-__all__ = ["POLL", "PeriodicActivities"]
+__all__ = ["POLL", "UNSEEN_POLLS", "PeriodicActivities"]
 
 #: Seconds between two reads of an instance's state (each one heartbeats).
 POLL = 1.0
+#: Polls an instance may be missing from the store before it counts as stopped.
+UNSEEN_POLLS = 60
 
 
 class PeriodicActivities:
@@ -51,17 +53,25 @@ class PeriodicActivities:
     async def submit(self, fire: p.Firing) -> None:
         """Submit the instance (the same id again is the same spec again: no change)."""
         try:
-            await self._forge(fire.cluster).submit_job(fire.job, wait=False)
+            # wait: answered after the pass that planned it, so the store holds it
+            await self._forge(fire.cluster).submit_job(fire.job, wait=True)
         except InvalidInput as err:
             raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from err
 
     @activity.defn(name=p.ACT_AWAIT)
     async def await_instance(self, ref: p.Instance) -> p.Outcome:
         """Heartbeat until the instance is complete, failed or gone (stopped by hand)."""
+        seen, polls = False, 0
         while True:
             found = await asyncio.to_thread(batch_state, self.store, ref.cluster, ref.job_id)
-            if found is None:
+            polls += 1
+            if found is None and (seen or polls > UNSEEN_POLLS):
                 return p.Outcome(state="stopped", what="the instance was stopped")
+            if found is None:  # not in the store yet (a retried activity, a slow pass)
+                activity.heartbeat("waiting for the instance to be stored")
+                await asyncio.sleep(POLL)
+                continue
+            seen = True
             state, what = found
             if state in ("complete", "failed"):
                 return p.Outcome.model_validate({"state": state, "what": what})

@@ -53,8 +53,7 @@ class PeriodicActivities:
     async def submit(self, fire: p.Firing) -> None:
         """Submit the instance (the same id again is the same spec again: no change)."""
         try:
-            # wait: answered after the pass that planned it, so the store holds it
-            await self._forge(fire.cluster).submit_job(fire.job, wait=True)
+            await self._forge(fire.cluster).submit_job(fire.job, wait=False)
         except InvalidInput as err:
             raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from err
 

@@ -100,6 +100,11 @@ async def _result(client: Client, firing: ScheduleActionExecutionStartWorkflow) 
     return await asyncio.wait_for(handle.result(), timeout=120)
 
 
+async def _one_agent(cl: AgentCluster) -> None:
+    cl.start_agent("a")
+    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+
+
 async def _utc_second() -> str:
     return f"{datetime.now(UTC):%Y%m%d%H%M%S}"
 
@@ -121,8 +126,7 @@ async def test_a_schedule_fires_an_instance_that_runs_to_completion(
     cluster: AgentCluster, dev_env: Any, temporal_cli: str
 ) -> None:
     cl, client = cluster, dev_env.client
-    cl.start_agent("a")
-    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    await _one_agent(cl)
     ran = cl.tmp / "ran.txt"
     code = f"import os; open({str(ran)!r}, 'a').write(os.environ['FORGE_WORKLOAD_ID'] + '\\n')"
     spec = _spec("nightly", code, timezone="Europe/Berlin", concurrency="forbid", keep=1)
@@ -171,8 +175,7 @@ async def test_keep_prunes_old_instances_and_the_loop_refuses_a_template(
     cluster: AgentCluster, dev_env: Any
 ) -> None:
     cl, client = cluster, dev_env.client
-    cl.start_agent("a")
-    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    await _one_agent(cl)
     spec = _spec("hourly", "pass", cron="* * * * *", keep=1)
     with pytest.raises(InvalidInput, match="schedule: a periodic job is created as a Temporal"):
         await cl.fc.submit_job(Job.model_validate(spec))  # a raw client's submit_job
@@ -202,8 +205,7 @@ async def test_replace_stops_the_running_instance_across_a_worker_kill(
     cluster: AgentCluster, dev_env: Any
 ) -> None:
     cl, client = cluster, dev_env.client
-    cl.start_agent("a")
-    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    await _one_agent(cl)
     await _run_file(cl, _spec("eval", "import time; time.sleep(3600)", concurrency="replace"))
     handle = client.get_schedule_handle(schedule_id(cl.name, "eval"))
 

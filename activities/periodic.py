@@ -17,7 +17,6 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forge.client.client import ForgeClient
@@ -27,6 +26,7 @@ from forge.core.periodic import instances, to_remove
 from forge.errors import InvalidInput, NotFound
 from forge.stores import Store
 from forge.wire import periodic as p
+from forge.wire.errors import encode
 
 __all__ = ["POLL", "UNSEEN_POLLS", "PeriodicActivities"]
 
@@ -55,7 +55,7 @@ class PeriodicActivities:
         try:
             await self._forge(fire.cluster).submit_job(fire.job, wait=False)
         except InvalidInput as err:
-            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from err
+            raise encode(err) from err
 
     @activity.defn(name=p.ACT_AWAIT)
     async def await_instance(self, ref: p.Instance) -> p.Outcome:

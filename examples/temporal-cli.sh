@@ -39,6 +39,9 @@ t workflow update execute -w "$WF" --name promote --input '{"job_id": "cli-web"}
 say "status (query; needs the codec endpoint when the answer is big)"
 t workflow query -w "$WF" --name status
 
+say "job_state (query): where one job stands (a batch job: running, complete or failed)"
+t workflow query -w "$WF" --name job_state --input '"cli-batch"'
+
 say "drain_node (update): move a node's replicas off it; answers after that pass"
 t workflow update execute -w "$WF" --name drain_node --input '{"node_id": "cli-node-1"}'
 

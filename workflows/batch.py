@@ -17,12 +17,13 @@ from workflows import activities as acts
 from workflows.state import LoopState
 
 with workflow.unsafe.imports_passed_through():
-    from forge.core.kinds import ending, fatal
+    from forge.core.kinds import ending, fatal, phase
     from forge.core.models import Job, workload_id
     from forge.core.plan import FailureHistory, Plan
     from forge.core.releasing import COMPLETE
     from forge.core.visiting import Done
     from forge.wire import activity_contract as ac
+    from forge.wire import contract as c
 
 __all__ = [
     "completions",
@@ -31,6 +32,7 @@ __all__ = [
     "for_pass",
     "load_done",
     "settle",
+    "state_of",
     "take_end",
     "track",
 ]
@@ -210,3 +212,41 @@ async def load_done(st: LoopState) -> None:
         if page.next_after is None:
             return
         after = page.next_after
+
+
+def state_of(st: LoopState, job_id: str) -> c.JobState | None:
+    """Where ``job_id`` stands as this run holds it (the ``job_state`` query; None:
+    no such job). A run counts as complete once a pass or a report made it so, even
+    before the persist that records it. Bounded by the job's desired runs."""
+    job = st.jobs.get(job_id)
+    if job is None:
+        return None
+    desired = complete = bound = 0
+    for g in job.groups:
+        done = st.done.get((job_id, g.name), set())
+        for ordinal in range(g.scaling.desired):
+            wid = workload_id(job_id, g.name, ordinal)
+            complete += ordinal in done or wid in st.completed
+            bound += wid in st.bindings
+        desired += g.scaling.desired
+    if job.type != "batch":
+        what = f"job {job_id} is a {job.type} job: it runs until stopped"
+        return c.JobState(
+            job_id=job_id,
+            type=job.type,
+            state="service",
+            desired=desired,
+            complete=0,
+            bound=bound,
+            what=what,
+        )
+    state, what = phase(desired, complete, st.batch_failed.get(job_id))
+    return c.JobState(
+        job_id=job_id,
+        type=job.type,
+        state=state,
+        desired=desired,
+        complete=complete,
+        bound=bound,
+        what=what,
+    )

@@ -8,12 +8,15 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeKey
 
+from workflows import batch
 from workflows.handlers import Handlers
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.reconcile import Plan
+    from forge.errors import Busy, NotFound
     from forge.wire import contract as c
     from forge.wire import metrics, views
+    from forge.wire.errors import encode_query
 
 __all__ = ["Presentation", "status_json"]
 
@@ -28,6 +31,19 @@ class Presentation(Handlers):
         super().__init__(inp)
         self.search_attrs: tuple[int, int, int] | None = None
         self.longest_plan = 0.0  # seconds; a metric only
+
+    @workflow.query(name=c.QUERY_JOB_STATE)
+    def job_state(self, job_id: str) -> c.JobState:
+        """A job's state for any client (``"job_id"`` in, plain JSON out): ``forge job
+        wait``'s answer without the store. Best-effort, as every query (RELIABILITY.md).
+        A new run still loading its state from the store is ``Busy`` (ask again), not
+        a run without the job."""
+        if not self.ready:
+            raise encode_query(Busy("the run is loading its state from the store; ask again"))
+        found = batch.state_of(self.st, job_id)
+        if found is None:
+            raise encode_query(NotFound(f"unknown job {job_id!r}"))
+        return found
 
     def _publication(self, plan: Plan, now: float) -> tuple[str, c.Summary]:
         """What this pass publishes (status JSON without the fields that change every

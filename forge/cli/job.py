@@ -11,7 +11,7 @@ import click
 from forge.cli.params import NAME, Checked, cluster_option, replicas, store_option, temporal_options
 from forge.cli.periodic import apply_schedules, remove_schedule, split
 from forge.cli.remote import open_existing_store, print_json, remote, safe_url, settings, store_call
-from forge.cli.submit import MANY_JOBS, submit_all
+from forge.cli.submit import MANY_JOBS, check_waitable, report_finished, submit_all
 from forge.cli.wait import wait
 from forge.core.models import Assignment, AssignmentStatus, Job
 from forge.errors import NotFound
@@ -46,16 +46,31 @@ def validate(file: str) -> int:
         "server's in-flight limit (the first by update-with-start: it starts the cluster "
         "workflow if needed), each answered once stored; then, unless --no-wait, wait "
         f"for the pass that plans them (a progress bar on a terminal; a summary above "
-        f"{MANY_JOBS} jobs). A job with a schedule becomes a Temporal Schedule instead."
+        f"{MANY_JOBS} jobs). A job with a schedule becomes a Temporal Schedule instead. "
+        "--wait-finished then waits, reading the store, until every batch job of FILE is "
+        "complete (exit 0) or one failed (exit 1); --timeout S gives up after S s (124)."
     ),
 )
 @click.argument("file", metavar="FILE")
 @click.option("--no-wait", is_flag=True, help="return once stored, before the pass that plans it")
+@click.option("--wait-finished", is_flag=True, help="then wait for its batch jobs to finish")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), default=None, help="seconds, with --wait-finished"
+)
+@store_option
 @temporal_options
-def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -> int:
+def run(
+    file: str,
+    no_wait: bool,
+    wait_finished: bool,
+    timeout: float | None,
+    connect_timeout: float,
+    **flags: str | None,
+) -> int:
     from forge import render
 
     jobs, scheduled = split(load_jobs(file))  # before connecting: bad input fails fast
+    check_waitable(jobs, wait_finished=wait_finished, timeout=timeout)
     wait = not no_wait
 
     async def action(fc: ForgeClient) -> int:
@@ -88,9 +103,9 @@ def run(file: str, no_wait: bool, connect_timeout: float, **flags: str | None) -
                 f"{done}, planned: cluster {fc.cluster} {s.desired:,} desired, {s.bound:,} "
                 f"bound, {s.pending:,} pending (see forge status)"
             )
-        return 0
+        return await report_finished(fc, jobs, timeout) if wait_finished else 0
 
-    return remote(settings(**flags), connect_timeout, action)
+    return remote(settings(**flags), connect_timeout, action, reads_store=wait_finished)
 
 
 @job.command(short_help="set a group's desired replica count")

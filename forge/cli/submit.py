@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from forge.core.models import Job
+from forge.errors import InvalidInput
 
 if TYPE_CHECKING:
     from forge.client.client import ForgeClient
     from forge.wire.contract import JobResult
 
-__all__ = ["MANY_JOBS", "submit_all"]
+__all__ = ["MANY_JOBS", "check_waitable", "report_finished", "submit_all"]
 
 #: Above this many jobs, ``job run`` prints a summary instead of a line per job.
 MANY_JOBS = 20
@@ -39,6 +40,35 @@ async def submit_all(fc: ForgeClient, jobs: Sequence[Job], *, wait: bool) -> lis
         raise
     bar.close()
     return results
+
+
+def check_waitable(jobs: Sequence[Job], *, wait_finished: bool, timeout: float | None) -> None:
+    """Refuse, before anything is sent, a wait that could never end: a service job
+    runs until stopped; a periodic job's instances are waited for one by one."""
+    if timeout is not None and not wait_finished:
+        raise InvalidInput("--timeout: only with --wait-finished (how long to wait)")
+    if not wait_finished:
+        return
+    if not jobs:
+        raise InvalidInput("--wait-finished: the file has no batch job to wait for")
+    for job in jobs:
+        if job.type != "batch":
+            raise InvalidInput(
+                f"--wait-finished: job {job.id} is a {job.type} job: it runs until "
+                "stopped (wait for batch jobs only)"
+            )
+
+
+async def report_finished(fc: ForgeClient, jobs: Sequence[Job], timeout: float | None) -> int:
+    """Wait for the jobs to finish and print each one's end as ``forge job wait``
+    does; the pipeline's exit code (:func:`forge.client.finish.exit_code`)."""
+    from forge.client.finish import exit_code
+
+    states = await fc.wait_finished([j.id for j in jobs], timeout=timeout)
+    for job_id, s in states.items():
+        end = s.state if s.state != "running" else f"still running after {timeout or 0:g} s"
+        print(f"{job_id}: {end}: {s.what}")
+    return exit_code(list(states.values()))
 
 
 class _Progress:

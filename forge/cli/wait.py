@@ -9,13 +9,10 @@ import click
 
 from forge.cli.params import NAME, cluster_option, store_option
 from forge.cli.remote import open_existing_store, settings, store_call
+from forge.client.finish import POLL, TIMED_OUT
 from forge.errors import InvalidInput, NotFound
 
-__all__ = ["TIMED_OUT", "wait"]
-
-#: The exit code of a wait that timed out (as timeout(1)'s).
-TIMED_OUT = 124
-_POLL = 0.5  # seconds between two reads of the store
+__all__ = ["wait"]
 
 
 @click.command(
@@ -52,6 +49,6 @@ def wait(job_id: str, timeout: float | None, store: str | None, cluster: str | N
             if deadline is not None and time.monotonic() >= deadline:
                 print(f"{job_id}: still running after {timeout:g} s: {what}")
                 return TIMED_OUT
-            time.sleep(_POLL)  # polling the store, the CLI's only view of the loop
+            time.sleep(POLL)  # polling the store, the CLI's only view of the loop
     finally:
         opened.close()

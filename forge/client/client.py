@@ -14,15 +14,11 @@ import functools
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from temporalio.client import (
-    Client,
-)
-from temporalio.common import (
-    WorkflowIDConflictPolicy,
-)
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from forge.client import failures, periodic, reads, watchdog
+from forge.client import failures, finish, periodic, reads, watchdog
 from forge.client.limits import (
     MAX_REQUEST_BYTES,
     ForgeError,
@@ -373,6 +369,28 @@ class ForgeClient(Transport):
         """Why a replica is bound where it is, or why it waits, and every node's verdict."""
         store = self._need_store("explain")
         return await asyncio.to_thread(reads.explanation, store, self.cluster, workload_id)
+
+    @_forge_errors
+    async def job_state(self, job_id: str) -> c.JobState:
+        """Where a job stands: the store's record when given a store, else the
+        ``job_state`` query (best-effort while a worker takes the run over)."""
+        if self.store is None:
+            got: c.JobState = await self.handle().query(
+                c.QUERY_JOB_STATE, job_id, result_type=c.JobState
+            )
+            return got
+        found = await asyncio.to_thread(reads.job_state, self.store, self.cluster, job_id)
+        if found is None:
+            raise NotFound(f"no job {job_id!r} in cluster {self.cluster}")
+        return found
+
+    async def wait_finished(
+        self, job_ids: Sequence[str], *, timeout: float | None = None
+    ) -> dict[str, c.JobState]:
+        """Each batch job's state once all are complete or failed, or ``timeout``
+        seconds passed (:mod:`forge.client.finish`; a query, each a workflow task, slower)."""
+        poll = finish.POLL if self.store is not None else 4 * finish.POLL
+        return await finish.wait_finished(self.job_state, job_ids, timeout=timeout, poll=poll)
 
     def _need_store(self, what: str) -> Store:
         if self.store is None:

@@ -126,7 +126,10 @@ def translate(err: BaseException, where: Where) -> ForgeError | None:
             f"{where.task_queue!r}?"
         )
     if isinstance(err, client.WorkflowQueryFailedError | client.WorkflowQueryRejectedError):
-        return ForgeError(f"query refused by {where.workflow_id}: {one_line(str(err))}")
+        from forge.wire.errors import decode_query
+
+        said = decode_query(str(err))  # a kind the query handler named (NotFound, Busy)
+        return said or ForgeError(f"query refused by {where.workflow_id}: {one_line(str(err))}")
     return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from forge.core.kinds import phase
 from forge.core.models import Assignment, Job, Node
 from forge.core.placement import Binding
 from forge.stores.base import Store
@@ -29,6 +30,7 @@ __all__ = [
     "completed_runs",
     "explanation",
     "job_list",
+    "job_state",
     "node_usage",
     "published",
     "status",
@@ -128,11 +130,16 @@ def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:
 
 
 def completed_runs(store: Store, cluster: str, job_id: str, page: int = STORE_PAGE) -> list[str]:
-    """A batch job's completed runs (their workload ids), page by page: a job's ids
-    sort together, right after ``JOB/``."""
+    """A batch job's completed runs (their workload ids), page by page."""
+    return _of_job(lambda after: store.completions(cluster, after, page), job_id, page)
+
+
+def _of_job(fetch: Callable[[str], Sequence[str]], job_id: str, page: int) -> list[str]:
+    """The ids under ``JOB/`` of a store listing sorted by workload id: a job's ids
+    sort together, right after ``JOB/``, so this reads only the job's pages."""
     prefix, out, after = f"{job_id}/", [], f"{job_id}/"
     while True:
-        got = store.completions(cluster, after, page)
+        got = fetch(after)
         mine = [w for w in got if w.startswith(prefix)]
         out.extend(mine)
         if len(got) < page or len(mine) < len(got):
@@ -140,27 +147,49 @@ def completed_runs(store: Store, cluster: str, job_id: str, page: int = STORE_PA
         after = got[-1]
 
 
-def batch_state(store: Store, cluster: str, job_id: str) -> tuple[str, str] | None:
-    """``(state, what)`` of a batch job as the store holds it: ``complete`` once
-    every desired run completed, ``failed`` once the loop published it failed for
-    good, else ``running``; None: no such job."""
+def job_state(store: Store, cluster: str, job_id: str) -> c.JobState | None:
+    """Where a job stands as the store holds it (the ``job_state`` query's answer,
+    from the record rather than the run): ``complete`` once every desired run
+    completed, ``failed`` once the loop published it failed for good, else
+    ``running``; ``service`` for a service job; None: no such job."""
     job = store.get_job(cluster, job_id)
     if job is None:
         return None
+    desired = sum(g.scaling.desired for g in job.groups)
+
+    def ids(after: str) -> list[str]:
+        return [a.workload_id for a in store.assignments(cluster, after, STORE_PAGE)]
+
+    bound = len(_of_job(ids, job_id, STORE_PAGE))
     if job.type != "batch":
-        return "service", f"job {job_id} is a {job.type} job: it runs until stopped"
+        what = f"job {job_id} is a {job.type} job: it runs until stopped"
+        return c.JobState(
+            job_id=job_id,
+            type=job.type,
+            state="service",
+            desired=desired,
+            complete=0,
+            bound=bound,
+            what=what,
+        )
     done = len(completed_runs(store, cluster, job_id))
     doc = published(store, cluster)
-    return _verdict(job, done, doc.failed_jobs.get(job_id) if doc is not None else None)
+    state, what = phase(desired, done, doc.failed_jobs.get(job_id) if doc is not None else None)
+    return c.JobState(
+        job_id=job_id,
+        type=job.type,
+        state=state,
+        desired=desired,
+        complete=done,
+        bound=bound,
+        what=what,
+    )
 
 
-def _verdict(job: Job, done: int, failed: str | None) -> tuple[str, str]:
-    desired = sum(g.scaling.desired for g in job.groups)
-    if failed is not None:
-        return "failed", f"{done}/{desired} runs complete; {failed}"
-    if done >= desired:
-        return "complete", f"{done}/{desired} runs complete"
-    return "running", f"{done}/{desired} runs complete"
+def batch_state(store: Store, cluster: str, job_id: str) -> tuple[str, str] | None:
+    """``(state, what)`` of :func:`job_state`; None: no such job."""
+    found = job_state(store, cluster, job_id)
+    return None if found is None else (found.state, found.what)
 
 
 @dataclass(frozen=True)
@@ -223,7 +252,9 @@ def job_list(store: Store, cluster: str, page: int = STORE_PAGE) -> JobList:
         after = done[-1] if len(done) == page else None
     doc = published(store, cluster)
     failed = doc.failed_jobs if doc is not None else {}
-    states = {
-        j.id: _verdict(j, complete[j.id], failed.get(j.id))[0] for j in jobs if j.type == "batch"
+    states: dict[str, str] = {
+        j.id: phase(sum(g.scaling.desired for g in j.groups), complete[j.id], failed.get(j.id))[0]
+        for j in jobs
+        if j.type == "batch"
     }
     return JobList(jobs, bound, states, complete)

@@ -27,12 +27,14 @@ __all__ = [
     "BATCH_RESCHEDULE",
     "JOB_TYPES",
     "Ending",
+    "JobPhase",
     "JobType",
     "check_batch",
     "check_kind",
     "ending",
     "fatal",
     "kind_defaults",
+    "phase",
 ]
 
 JobType = Literal["service", "batch"]
@@ -50,6 +52,21 @@ def ending(job_type: str, status: str) -> Ending | None:
     if status == "exited":
         return "complete" if job_type == "batch" else "failed"
     return None
+
+
+#: Where a batch job stands: every run complete, failed for good, or neither yet.
+JobPhase = Literal["running", "complete", "failed"]
+
+
+def phase(desired: int, complete: int, failed: str | None) -> tuple[JobPhase, str]:
+    """A batch job's phase and the line that says it (``forge job wait``, ``forge job
+    list``, the ``job_state`` query: one rule, read from the store or from the loop).
+    ``failed`` is why the loop failed it for good (None: it has not); a failed job
+    stays failed even with every run complete (the failure ended it first)."""
+    what = f"{complete}/{desired} runs complete"
+    if failed is not None:
+        return "failed", f"{what}; {failed}"
+    return ("complete" if complete >= desired else "running"), what
 
 
 def fatal(job_type: str, fail_on_exit: tuple[int, ...], exit_code: int | None) -> str:

@@ -45,6 +45,7 @@ __all__ = [
     "MEMO_SUMMARY",
     "QUERY_ASSIGNMENTS",
     "QUERY_EXPLAIN",
+    "QUERY_JOB_STATE",
     "QUERY_STATUS",
     "RECENT_PREEMPTIONS",
     "SA_BOUND",
@@ -76,6 +77,7 @@ __all__ = [
     "Explanation",
     "GpuView",
     "JobResult",
+    "JobState",
     "LoopBudget",
     "LoopReset",
     "LoopStatus",
@@ -125,6 +127,7 @@ UPDATE_PROMOTE = "promote"
 QUERY_STATUS = "status"
 QUERY_ASSIGNMENTS = "assignments"
 QUERY_EXPLAIN = "explain"
+QUERY_JOB_STATE = "job_state"
 
 # Search attributes the workflow keeps current (registered by `forge dev` and by
 # the worker at start where the server allows it).
@@ -366,6 +369,21 @@ class JobResult(_Msg):
     desired: int
     bound: int
     pending: int
+
+
+class JobState(_Msg):
+    """The ``job_state`` query's answer: where a job stands as the loop holds it, for
+    clients without the store (a TypeScript service waiting for a batch job)."""
+
+    job_id: str
+    type: str
+    state: Literal["running", "complete", "failed", "service"] = Field(
+        description="a batch job's phase; 'service' for work that runs until stopped"
+    )
+    desired: int = Field(description="runs (a batch job) or replicas wanted")
+    complete: int = Field(description="runs complete (0 for a service)")
+    bound: int = Field(description="replicas bound now")
+    what: str = Field(description="the line forge job wait prints")
 
 
 class ReportFailedResult(_Msg):

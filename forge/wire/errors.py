@@ -30,7 +30,9 @@ __all__ = [
     "STALE_FENCE",
     "STORE_ERROR",
     "decode",
+    "decode_query",
     "encode",
+    "encode_query",
 ]
 
 #: A persist fenced by an older (generation, pass) than the store holds: another run
@@ -79,3 +81,19 @@ def decode(failure: ApplicationError, default: type[ForgeError] = ForgeError) ->
     if isinstance(failure.cause, ApplicationError):
         message = f"{message}: {failure.cause.message}"
     return from_wire(failure.type, message, default)
+
+
+def encode_query(err: ForgeError) -> ApplicationError:
+    """``err`` as a query handler raises it. A failed query reaches the client as its
+    message alone (no type, no details), so the kind leads the message
+    (``NotFound: unknown job 'x'``) for :func:`decode_query`."""
+    return encode(type(err)(f"{err.wire_type}: {err}"))
+
+
+def decode_query(message: str) -> ForgeError | None:
+    """The kind a failed query's message names first (:func:`encode_query`), with
+    the rest of the message; None: not one Forge sent."""
+    wire_type, sep, rest = message.partition(": ")
+    if not sep or wire_type not in forge_errors.WIRE_TYPES:
+        return None
+    return from_wire(wire_type, rest)

@@ -12,6 +12,7 @@ appends its workload id to.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from forge.client import reads
+from forge.client.client import ForgeClient
 from forge.core.models import Job
 from tests.agent.cluster import AgentCluster, own_cluster
 from tests.e2e.procs import ROOT, eventually
@@ -136,4 +139,54 @@ async def test_a_run_that_exits_3_fails_the_job_and_wait_says_which(
     await cl.fc.submit_job(_batch("slow", 1, "import time; time.sleep(3600)"))
     timed = await asyncio.to_thread(_wait, cl, "slow", 1)
     assert timed.returncode == 124, timed.stdout + timed.stderr
+    await cl.fc.stop_job("slow")
+
+
+def _run_waiting(
+    cl: AgentCluster, jobs: list[Job], *flags: str
+) -> subprocess.CompletedProcess[str]:
+    path = cl.tmp / f"{jobs[0].id}.yaml"
+    path.write_text(json.dumps([j.model_dump(mode="json") for j in jobs]))  # JSON is YAML
+    return subprocess.run(
+        [sys.executable, "-m", "forge", "job", "run", str(path), "--wait-finished", *flags],
+        env={**os.environ, **cl.env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+async def test_job_run_wait_finished_exits_as_its_jobs_end_and_the_query_agrees(
+    cluster: AgentCluster,
+) -> None:
+    """A pipeline step: ``forge job run FILE --wait-finished`` submits and returns once
+    every batch job of the file ended (0 all complete, 1 one failed); a client without
+    the store asks the workflow (``job_state``) and hears what the store says."""
+    cl = cluster
+    cl.start_agent("a")
+    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    quick = "import time; time.sleep(0.5)"
+    done = await asyncio.to_thread(_run_waiting, cl, [_batch("etl", 3, quick)], "--timeout", "120")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "etl: complete: 3/3 runs complete" in done.stdout
+    assert sorted(cl.store.completions(cl.name)) == [f"etl/main/{i}" for i in range(3)]
+
+    asked = await ForgeClient(cl.fc.client, cluster=cl.name).job_state("etl")  # a query
+    assert asked == reads.job_state(cl.store, cl.name, "etl")
+    assert (asked.state, asked.complete, asked.bound) == ("complete", 3, 0)
+
+    # one of two fails: exit 1 once both ended, the failure named
+    jobs = [_batch("ok", 1, quick), _batch("bad", 1, "import sys; sys.exit(3)", attempts=0)]
+    ended = await asyncio.to_thread(_run_waiting, cl, jobs, "--timeout", "120")
+    assert ended.returncode == 1, ended.stdout + ended.stderr
+    assert "ok: complete: 1/1 runs complete" in ended.stdout
+    assert "bad: failed: 0/1 runs complete; bad/main/0:" in ended.stdout
+    assert (await ForgeClient(cl.fc.client, cluster=cl.name).job_state("bad")).state == "failed"
+
+    slow = await asyncio.to_thread(
+        _run_waiting, cl, [_batch("slow", 1, "import time; time.sleep(3600)")], "--timeout", "1"
+    )
+    assert slow.returncode == 124, slow.stdout + slow.stderr
+    assert "slow: still running after 1 s: 0/1 runs complete" in slow.stdout
     await cl.fc.stop_job("slow")

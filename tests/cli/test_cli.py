@@ -406,6 +406,28 @@ def test_node_add_rejects_bad_flags_before_connecting(
     assert "cannot connect" not in err and out == ""
 
 
+_ONE_GROUP = "groups: [{name: g, tasks: [{name: t, resources: {cpu: 1, memory: 1}}]}]\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags", "named"),
+    [
+        (f"name: web\n{_ONE_GROUP}", ["--wait-finished"], "--wait-finished: job web is a service"),
+        (f"name: b\ntype: batch\n{_ONE_GROUP}", ["--timeout", "5"], "--timeout: only with --wait"),
+        (f"name: b\ntype: batch\n{_ONE_GROUP}", ["--wait-finished", "--timeout", "-1"], "-1"),
+    ],
+)
+def test_job_run_refuses_a_wait_that_cannot_end_before_connecting(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, spec: str, flags: list[str], named: str
+) -> None:
+    unused = f"127.0.0.1:{free_port()}"  # nothing listens: a refusal comes first
+    argv = ["job", "run", write(tmp_path, "j.yaml", spec), *flags, "--address", unused]
+    code, out, err = run(capsys, *argv)
+    assert code == 2, err
+    assert named in err
+    assert "cannot connect" not in err and out == ""
+
+
 def test_node_add_needs_a_file_or_a_whole_node(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "node", "add", "--id", "n1", "--cpu", "1000")
     assert code == 2 and "--memory" in err

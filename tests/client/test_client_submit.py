@@ -232,7 +232,15 @@ async def test_a_refused_batch_fails_the_submission_with_its_kind() -> None:
 
 
 def _fake_remote(wf: _Workflow) -> Callable[..., int]:
-    def remote(s: Any, timeout: float, action: Callable[[ForgeClient], Awaitable[int]]) -> int:
+    def remote(
+        s: Any,
+        timeout: float,
+        action: Callable[[ForgeClient], Awaitable[int]],
+        *,
+        reads_store: bool = False,
+    ) -> int:
+        assert not reads_store  # no --wait-finished here: nothing reads the store
+
         async def go() -> int:
             try:
                 return await action(ForgeClient(wf, search_attributes=False))  # type: ignore[arg-type]

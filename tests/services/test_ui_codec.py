@@ -183,8 +183,11 @@ def test_the_temporal_cli_example_sends_every_signal_and_update(dev: Dev) -> Non
     assert re.search(r"Result +map\[bound:3 desired:3 job_id:cli-batch", out), out  # scaled
     assert re.search(r"Result +map\[accepted:1\]", out), out  # report_failed
     assert re.search(r"Result +map\[promoted:\[cli-web/web\]\]", out), out  # the canary
-    status = json.loads(out.split("QueryResult", 1)[1].splitlines()[0])
+    _, status_out, state_out = out.split("QueryResult", 2)
+    status = json.loads(status_out.splitlines()[0])
     assert {"cli-node-1", "cli-node-2"} <= {n["id"] for n in status["nodes"]}
+    state = json.loads(state_out.splitlines()[0])  # job_state: plain JSON, any client
+    assert (state["job_id"], state["state"], state["desired"]) == ("cli-batch", "service", 3)
     assert out.count("Signal workflow succeeded") == 5
 
 

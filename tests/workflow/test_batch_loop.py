@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
@@ -17,6 +18,7 @@ from forge.client import reads
 from forge.client.client import ForgeClient
 from forge.core.models import AssignmentStatus, Job
 from forge.core.plan import PendingEntry
+from forge.errors import ForgeError
 from forge.stores import Store, TaskReport
 from forge.wire import contract as c
 from forge.wire.codec import data_converter
@@ -90,6 +92,12 @@ async def test_a_batch_job_runs_each_ordinal_to_completion_once(
         store.report(fc.cluster, [ended("b/main/1", "exited"), ended("b/main/2", "exited")])
         await until("every run complete", lambda: len(store.completions(fc.cluster)) == 3)
         await until("nothing of b bound", lambda: bound(store, fc, "b") == [])
+        # the job_state query (a client without the store) says what the store says,
+        # asked again while a new run loads its state (Busy), as wait_finished does
+        plain = ForgeClient(skipping_env.client, cluster=fc.cluster)
+        asked = (await plain.wait_finished(["b"], timeout=30))["b"]
+        assert asked == reads.job_state(store, fc.cluster, "b")
+        assert (asked.state, asked.complete, asked.bound, asked.desired) == ("complete", 3, 0, 3)
 
         # new runs (continue-as-new every 4 passes) reload the completions: other
         # jobs' passes come and go, and b never runs again
@@ -99,6 +107,8 @@ async def test_a_batch_job_runs_each_ordinal_to_completion_once(
         await fc.submit_job(job("last", replicas=1, cpu=100, memory=64))
         assert bound(store, fc, "b") == []
         assert (await fc.status()).summary.bound == 5  # the services only
+        asked = await ForgeClient(skipping_env.client, cluster=fc.cluster).job_state("svc0")
+        assert (asked.state, asked.type, asked.bound) == ("service", "service", 1)
         assert_store_is_the_workflows(store, fc.cluster)
 
         # a stopped batch job's record goes with it
@@ -193,6 +203,10 @@ async def test_a_failed_job_ends_its_other_runs_stop_and_none_runs_again(
         state = reads.batch_state(store, fc.cluster, "e")
         assert state is not None and state[0] == "failed" and "e/main/1:" in state[1]
         assert store.completions(fc.cluster) == ["e/main/0"]
+        asked = await ForgeClient(skipping_env.client, cluster=fc.cluster).job_state("e")
+        assert (asked.state, asked.complete, asked.bound, asked.what) == ("failed", 1, 0, state[1])
+        with pytest.raises(ForgeError, match="unknown job 'nope'"):
+            await ForgeClient(skipping_env.client, cluster=fc.cluster).job_state("nope")
         # past the failed run's reschedule interval (the clock cannot skip while the
         # store watch runs): an input of the test, not a synchronisation
         await asyncio.sleep(1.5)

@@ -19,7 +19,7 @@ from workflows.state import LoopState
 with workflow.unsafe.imports_passed_through():
     from forge.core.kinds import ending, fatal, phase
     from forge.core.models import Job, workload_id
-    from forge.core.plan import FailureHistory, Plan
+    from forge.core.plan import FailureHistory, PendingEntry, Plan
     from forge.core.releasing import COMPLETE
     from forge.core.visiting import Done
     from forge.wire import activity_contract as ac
@@ -45,23 +45,27 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
     new version): its runs not complete may run, each with a fresh history."""
     if job is not None and job.type == "batch":
         st.batch[job_id] = None
-        if st.batch_ends and old is not None and old != job and job_id in st.batch_failed:
+        ended = job_id in st.batch_failed or job_id in st.batch_tolerated
+        if st.batch_ends and old is not None and old != job and ended:
             _forget_failed(st, job_id, old)
         return
     if st.batch.pop(job_id, 0) is None:
-        if job_id in st.batch_failed and old is not None:
+        if (job_id in st.batch_failed or job_id in st.batch_tolerated) and old is not None:
             _forget_failed(st, job_id, old)  # (a service of that id starts afresh)
         st.batch_failed.pop(job_id, None)
         st.batch_ended.pop(job_id, None)
+        st.batch_tolerated.pop(job_id, None)
         for key in [k for k in sorted(st.done) if k[0] == job_id]:
             del st.done[key]
 
 
 def _forget_failed(st: LoopState, job_id: str, old: Job) -> None:
-    """A failed job changed or went: it is failed no more, and its runs' histories
-    (fatal marks included) go, so what comes next starts afresh."""
-    del st.batch_failed[job_id]
+    """A failed job (or one with runs failed within ``max_failed``) changed or went:
+    it is failed no more, and its runs' histories (fatal marks included) go, so what
+    comes next starts afresh."""
+    st.batch_failed.pop(job_id, None)
     st.batch_ended.pop(job_id, None)
+    st.batch_tolerated.pop(job_id, None)
     for g in old.groups:
         for ordinal in range(g.scaling.desired):
             st.failures.pop(workload_id(job_id, g.name, ordinal), None)
@@ -143,7 +147,31 @@ def failures(st: LoopState, plan: Plan) -> None:
         if job_id in st.batch and entry is not None and entry.kind in ("exhausted", "failed"):
             why = st.why_failed.get(wid)
             last = f" (last: {why})" if why else ""
+            if entry.kind == "exhausted" and _tolerate(st, plan, wid):
+                continue
             st.batch_failed.setdefault(job_id, f"{wid}: {'; '.join(entry.reasons)}{last}")
+
+
+def _tolerate(st: LoopState, plan: Plan, wid: str) -> bool:
+    """A run out of attempts in a group whose ``scaling.max_failed`` has room: it
+    fails alone, marked fatal in the pass's failure histories (never placed again,
+    as a Kubernetes Job's failed index), and the job goes on. A run whose exit
+    status is in ``fail_on_exit`` is never tolerated: that rule fails the job."""
+    job_id, group, _ = wid.rsplit("/", 2)
+    job = st.jobs.get(job_id)
+    g = job.group(group) if job is not None else None
+    counts = st.batch_tolerated.get(job_id, {})
+    if g is None or job_id in st.batch_failed or counts.get(group, 0) >= g.scaling.max_failed:
+        return False
+    n = counts.get(group, 0) + 1
+    st.batch_tolerated[job_id] = {**counts, group: n}
+    hist = plan.failures.get(wid) or FailureHistory()
+    dead = f"failed for good, {n} of scaling.max_failed {g.scaling.max_failed}: not run again"
+    plan.failures[wid] = hist.model_copy(update={"fatal": dead})
+    # what the next pass would say of it (forge.core.waiting), said now: a group no
+    # later pass visits keeps this entry, and it must not wait for an expiry
+    plan.pending[wid] = PendingEntry(kind="failed", attempts=len(hist.times), reasons=(dead,))
+    return True
 
 
 def settle(st: LoopState) -> bool:
@@ -240,7 +268,8 @@ def state_of(st: LoopState, job_id: str) -> c.JobState | None:
             bound=bound,
             what=what,
         )
-    state, what = phase(desired, complete, st.batch_failed.get(job_id))
+    tolerated = sum(st.batch_tolerated.get(job_id, {}).values())
+    state, what = phase(desired, complete, st.batch_failed.get(job_id), tolerated)
     return c.JobState(
         job_id=job_id,
         type=job.type,

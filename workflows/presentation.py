@@ -74,6 +74,9 @@ class Presentation(Handlers):
         )
         if st.batch_failed:
             doc = doc.model_copy(update={"failed_jobs": dict(sorted(st.batch_failed.items()))})
+        if st.batch_tolerated:  # bounded by the jobs with a run failed within max_failed
+            tolerated = {j: sum(g.values()) for j, g in sorted(st.batch_tolerated.items())}
+            doc = doc.model_copy(update={"tolerated_failures": tolerated})
         if plan.rollouts is not None and plan.rollouts.rollouts:
             doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
         full = summary.model_copy(

@@ -111,6 +111,7 @@ class LoopState:
     batch_failed: dict[str, str] = field(default_factory=dict)  # job -> run: why
     why_failed: dict[str, str] = field(default_factory=dict)  # this pass's: run -> message
     batch_ended: dict[str, None] = field(default_factory=dict)  # failed: none bound now
+    batch_tolerated: dict[str, dict[str, int]] = field(default_factory=dict)  # max_failed
     batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
 
     @classmethod
@@ -146,6 +147,7 @@ class LoopState:
             exited=dict(cp.exited),
             batch_failed=dict(cp.batch_failed),
             batch_ended=dict(cp.batch_ended),
+            batch_tolerated={j: dict(g) for j, g in cp.batch_tolerated.items()},
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -180,6 +182,7 @@ class LoopState:
             exited=self.exited,
             batch_failed=self.batch_failed,
             batch_ended=self.batch_ended,
+            batch_tolerated=self.batch_tolerated,
         )
 
     def watch_input(self) -> ac.WatchIn:

@@ -376,7 +376,7 @@ class ForgeClient(Transport):
         ``job_state`` query (best-effort while a worker takes the run over)."""
         if self.store is None:
             got: c.JobState = await self.handle().query(
-                c.QUERY_JOB_STATE, job_id, result_type=c.JobState
+                c.QUERY_JOB_STATE, job_id, result_type=c.JobState, rpc_timeout=finish.QUERY_TIMEOUT
             )
             return got
         found = await asyncio.to_thread(reads.job_state, self.store, self.cluster, job_id)

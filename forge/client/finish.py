@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from forge.errors import Unavailable
@@ -19,7 +20,7 @@ from forge.errors import Unavailable
 if TYPE_CHECKING:  # the CLI imports this for its exit codes alone
     from forge.wire.contract import JobState
 
-__all__ = ["FINISHED", "POLL", "TIMED_OUT", "exit_code", "wait_finished"]
+__all__ = ["FINISHED", "POLL", "QUERY_TIMEOUT", "TIMED_OUT", "exit_code", "wait_finished"]
 
 #: The states a batch job ends in.
 FINISHED = ("complete", "failed")
@@ -27,6 +28,9 @@ FINISHED = ("complete", "failed")
 TIMED_OUT = 124
 #: Seconds between two reads of a job's state.
 POLL = 0.5
+#: How long one ``job_state`` query may take: one sent while the run's workflow task
+#: ends it (a continue-as-new) is never answered, and the next goes to the new run.
+QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 async def wait_finished(

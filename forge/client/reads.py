@@ -173,8 +173,9 @@ def job_state(store: Store, cluster: str, job_id: str) -> c.JobState | None:
             what=what,
         )
     done = len(completed_runs(store, cluster, job_id))
-    doc = published(store, cluster)
-    state, what = phase(desired, done, doc.failed_jobs.get(job_id) if doc is not None else None)
+    doc = published(store, cluster) or c.LoopStatus(summary=c.Summary.empty())
+    tolerated = doc.tolerated_failures.get(job_id, 0)
+    state, what = phase(desired, done, doc.failed_jobs.get(job_id), tolerated)
     return c.JobState(
         job_id=job_id,
         type=job.type,
@@ -250,10 +251,14 @@ def job_list(store: Store, cluster: str, page: int = STORE_PAGE) -> JobList:
         done = store.completions(cluster, after, page)
         complete.update(w.split("/", 1)[0] for w in done)
         after = done[-1] if len(done) == page else None
-    doc = published(store, cluster)
-    failed = doc.failed_jobs if doc is not None else {}
+    doc = published(store, cluster) or c.LoopStatus(summary=c.Summary.empty())
     states: dict[str, str] = {
-        j.id: phase(sum(g.scaling.desired for g in j.groups), complete[j.id], failed.get(j.id))[0]
+        j.id: phase(
+            sum(g.scaling.desired for g in j.groups),
+            complete[j.id],
+            doc.failed_jobs.get(j.id),
+            doc.tolerated_failures.get(j.id, 0),
+        )[0]
         for j in jobs
         if j.type == "batch"
     }

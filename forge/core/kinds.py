@@ -58,15 +58,21 @@ def ending(job_type: str, status: str) -> Ending | None:
 JobPhase = Literal["running", "complete", "failed"]
 
 
-def phase(desired: int, complete: int, failed: str | None) -> tuple[JobPhase, str]:
+def phase(
+    desired: int, complete: int, failed: str | None, tolerated: int = 0
+) -> tuple[JobPhase, str]:
     """A batch job's phase and the line that says it (``forge job wait``, ``forge job
     list``, the ``job_state`` query: one rule, read from the store or from the loop).
     ``failed`` is why the loop failed it for good (None: it has not); a failed job
-    stays failed even with every run complete (the failure ended it first)."""
+    stays failed even with every run complete (the failure ended it first).
+    ``tolerated`` runs failed for good within their group's ``scaling.max_failed``: the job
+    completes once the others have."""
     what = f"{complete}/{desired} runs complete"
+    if tolerated:
+        what += f", {tolerated} failed within scaling.max_failed"
     if failed is not None:
         return "failed", f"{what}; {failed}"
-    return ("complete" if complete >= desired else "running"), what
+    return ("complete" if complete + tolerated >= desired else "running"), what
 
 
 def fatal(job_type: str, fail_on_exit: tuple[int, ...], exit_code: int | None) -> str:
@@ -82,6 +88,8 @@ def fatal(job_type: str, fail_on_exit: tuple[int, ...], exit_code: int | None) -
 class _Scaling(Protocol):
     @property
     def parallelism(self) -> int | None: ...
+    @property
+    def max_failed(self) -> int: ...
 
 
 class _Reschedule(Protocol):
@@ -135,6 +143,11 @@ def check_kind(job_type: str, groups: Sequence[_Group]) -> None:
     group's autoscale, update, or parallelism on a gang (its members run together);
     parallelism on a service (it keeps every replica up)."""
     for i, g in enumerate(groups):
+        if g.scaling.max_failed and (job_type != "batch" or g.gang):
+            raise ValueError(
+                f"groups.{i}.scaling.max_failed ({g.name}): only a batch group's runs fail "
+                "for good one by one (a service restarts them; a gang runs all or none)"
+            )
         if g.reschedule.fail_on_exit and job_type != "batch":
             raise ValueError(
                 f"groups.{i}.reschedule.fail_on_exit ({g.name}): only a batch job fails "

@@ -24,7 +24,7 @@ __all__ = [
 
 
 class ScalingPolicy(Evolving):
-    _new_fields = ("parallelism",)
+    _new_fields = ("parallelism", "max_failed")
 
     min: Int = Field(default=0, ge=0, le=MAX_REPLICAS)
     max: Int = Field(default=1, ge=0, le=MAX_REPLICAS)
@@ -32,6 +32,9 @@ class ScalingPolicy(Evolving):
     #: batch groups only (forge.core.kinds): how many runs may be bound at once, as a
     #: Kubernetes Job's ``parallelism`` (None: as many as fit); ``desired`` is the runs
     parallelism: Int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    #: batch groups only: runs that may fail for good (attempts exhausted) without
+    #: failing the job; the job completes with the rest (forge.core.kinds.phase)
+    max_failed: Int = Field(default=0, ge=0, le=MAX_REPLICAS)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

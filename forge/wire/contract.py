@@ -236,11 +236,14 @@ class Checkpoint(_Msg):
     batch_failed: dict[str, str] = Field(default_factory=dict)
     #: of those, the ones whose runs are all stopped (workflows.batch.end)
     batch_ended: dict[str, None] = Field(default_factory=dict)
+    #: batch runs failed for good within their group's max_failed: job -> group -> runs
+    batch_tolerated: dict[str, dict[str, int]] = Field(default_factory=dict)
 
     _omit = omit_defaults(
         "exited",
         "batch_failed",
         "batch_ended",
+        "batch_tolerated",
         "health",
         "max_work",
         "preemptions",

@@ -180,9 +180,20 @@ class LoopStatus(_Msg):
         description="batch jobs that failed for good (a run's reschedule attempts "
         "exhausted): job id -> the run and why (forge job wait reads it)",
     )
+    tolerated_failures: dict[str, int] = Field(
+        default_factory=dict,
+        description="batch jobs' runs failed for good within their groups' "
+        "scaling.max_failed: job id -> runs (the job completes without them)",
+    )
 
     _omit = omit_defaults(
-        "rollouts", "preemptions", "recent_preemptions", "resets", "last_reset", "failed_jobs"
+        "rollouts",
+        "preemptions",
+        "recent_preemptions",
+        "resets",
+        "last_reset",
+        "failed_jobs",
+        "tolerated_failures",
     )
 
 

@@ -34,7 +34,13 @@ pytestmark = pytest.mark.slow
 
 
 def _batch(
-    name: str, runs: int, code: str, *, attempts: int = 3, fail_on_exit: tuple[int, ...] = ()
+    name: str,
+    runs: int,
+    code: str,
+    *,
+    attempts: int = 3,
+    fail_on_exit: tuple[int, ...] = (),
+    max_failed: int = 0,
 ) -> Job:
     return Job.model_validate(
         {
@@ -43,7 +49,12 @@ def _batch(
             "groups": [
                 {
                     "name": "main",
-                    "scaling": {"min": 0, "max": runs, "desired": runs},
+                    "scaling": {
+                        "min": 0,
+                        "max": runs,
+                        "desired": runs,
+                        "max_failed": max_failed,
+                    },
                     "reschedule": {
                         "attempts": attempts,
                         "delay": 0.5,
@@ -172,7 +183,8 @@ async def test_job_run_wait_finished_exits_as_its_jobs_end_and_the_query_agrees(
     assert "etl: complete: 3/3 runs complete" in done.stdout
     assert sorted(cl.store.completions(cl.name)) == [f"etl/main/{i}" for i in range(3)]
 
-    asked = await ForgeClient(cl.fc.client, cluster=cl.name).job_state("etl")  # a query
+    plain = ForgeClient(cl.fc.client, cluster=cl.name)  # no store: the job_state query
+    asked = (await plain.wait_finished(["etl"], timeout=60))["etl"]
     assert asked == reads.job_state(cl.store, cl.name, "etl")
     assert (asked.state, asked.complete, asked.bound) == ("complete", 3, 0)
 
@@ -182,7 +194,14 @@ async def test_job_run_wait_finished_exits_as_its_jobs_end_and_the_query_agrees(
     assert ended.returncode == 1, ended.stdout + ended.stderr
     assert "ok: complete: 1/1 runs complete" in ended.stdout
     assert "bad: failed: 0/1 runs complete; bad/main/0:" in ended.stdout
-    assert (await ForgeClient(cl.fc.client, cluster=cl.name).job_state("bad")).state == "failed"
+    assert (await plain.wait_finished(["bad"], timeout=60))["bad"].state == "failed"
+
+    # a run failing for good within max_failed: the job completes without it (exit 0)
+    one_bad = "import os, sys; sys.exit(3 if os.environ['FORGE_WORKLOAD_ID'].endswith('/0') else 0)"
+    sweep = _batch("sweep", 3, one_bad, attempts=0, max_failed=1)
+    swept = await asyncio.to_thread(_run_waiting, cl, [sweep], "--timeout", "120")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert "sweep: complete: 2/3 runs complete, 1 failed within scaling.max_failed" in swept.stdout
 
     slow = await asyncio.to_thread(
         _run_waiting, cl, [_batch("slow", 1, "import time; time.sleep(3600)")], "--timeout", "1"

@@ -152,6 +152,19 @@ def job_yaml(resources: str = "{cpu: 500, memory: 256}", group_extra: str = "") 
             "schedule.timezone: unknown time zone 'Moon/Base'",
         ),
         ("schedule: {cron: '@daily'}\n" + job_yaml(), "schedule: only a batch job"),
+        (
+            job_yaml(group_extra="    scaling: {max_failed: 1}\n"),
+            "groups.0.scaling.max_failed (api): only a batch group's runs fail",
+        ),
+        (
+            "type: batch\n"
+            + job_yaml(group_extra="    gang: true\n    scaling: {max_failed: 2}\n"),
+            "groups.0.scaling.max_failed (api): only a batch group's runs fail",
+        ),
+        (
+            "type: batch\n" + job_yaml(group_extra="    scaling: {max_failed: -1}\n"),
+            "groups.0.scaling.max_failed",
+        ),
     ],
     ids=[
         "negative-cpu",
@@ -161,6 +174,9 @@ def job_yaml(resources: str = "{cpu: 500, memory: 256}", group_extra: str = "") 
         "bad-cron",
         "unknown-timezone",
         "schedule-on-a-service",
+        "max-failed-on-a-service",
+        "max-failed-on-a-gang",
+        "negative-max-failed",
     ],
 )
 def test_job_validate_rejects_bad_fields_with_exit_2(

@@ -11,6 +11,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from forge.client import reads
+from forge.client.client import ForgeClient
+from forge.core.models import Job
 from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster, default_options, job, node
 from tests.workflow.test_batch_loop import batch, bound, ended, until
@@ -80,4 +82,64 @@ async def test_the_id_of_a_failed_job_back_as_a_service_runs(
         await until("stopped", lambda: bound(store, fc, "e") == [])
         await fc.submit_job(job("e", 2, 1000, 1024))  # the same id, now a service
         await until("the service runs", lambda: bound(store, fc, "e") == ["e/main/0", "e/main/1"])
+        await _replays(fc)
+
+
+@pytest.mark.parametrize("limit", [3, 1000])
+async def test_max_failed_runs_fail_alone_and_the_job_completes_without_them(
+    skipping_env: WorkflowEnvironment, limit: int
+) -> None:
+    """A group's ``scaling.max_failed`` tolerates that many runs out of attempts (a
+    Kubernetes Job's failed index): each is never placed again, through a
+    continue-as-new too (``limit`` 3), the others go on and the job completes
+    without them; one more failure fails the job. Store and query agree."""
+    options = default_options(
+        watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0, max_passes_per_run=limit
+    )
+    spec = batch("m", 4, reschedule=NEVER).model_dump(mode="json")
+    spec["groups"][0]["scaling"]["max_failed"] = 1
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=8000, memory=8192)])
+        await fc.submit_job(Job.model_validate(spec))
+        runs = [f"m/main/{i}" for i in range(4)]
+        await until("all bound", lambda: bound(store, fc, "m") == runs)
+        store.report(fc.cluster, [ended("m/main/0", "failed", message="boom", code=1)])
+        await until("the failed run released", lambda: bound(store, fc, "m") == runs[1:])
+        store.report(fc.cluster, [ended("m/main/1", "exited", code=0)])
+        await until("a pass after", lambda: bound(store, fc, "m") == runs[2:])
+        state = reads.job_state(store, fc.cluster, "m")
+        assert state is not None and state.state == "running"  # not failed: tolerated
+        assert "1/4 runs complete, 1 failed within scaling.max_failed" in state.what
+        for i in range(5):  # passes of other jobs: the run failed alone is not placed again
+            await fc.submit_job(job(f"p{i}", replicas=1, cpu=100, memory=64))
+        assert bound(store, fc, "m") == runs[2:]
+        explained = await fc.explain("m/main/0")
+        assert any("1 of scaling.max_failed 1: not run again" in r for r in explained.reasons)
+
+        store.report(fc.cluster, [ended("m/main/2", "exited", code=0)])
+        store.report(fc.cluster, [ended("m/main/3", "exited", code=0)])
+        await until(
+            "complete without it",
+            lambda: (reads.batch_state(store, fc.cluster, "m") or ("",))[0] == "complete",
+        )
+        state = reads.job_state(store, fc.cluster, "m")
+        assert state is not None
+        assert state.what == "3/4 runs complete, 1 failed within scaling.max_failed"
+        asked = await ForgeClient(skipping_env.client, cluster=fc.cluster).wait_finished(["m"])
+        assert asked["m"] == state
+
+        # a second job: one failure more than max_failed fails it
+        other = {**spec, "name": "n", "id": "n"}
+        await fc.submit_job(Job.model_validate(other))
+        await until("n bound", lambda: len(bound(store, fc, "n")) == 4)
+        store.report(fc.cluster, [ended("n/main/0", "failed", message="boom", code=1)])
+        await until("n/main/0 released", lambda: "n/main/0" not in bound(store, fc, "n"))
+        store.report(fc.cluster, [ended("n/main/2", "failed", message="bang", code=2)])
+        await until(
+            "n failed",
+            lambda: (reads.batch_state(store, fc.cluster, "n") or ("",))[0] == "failed",
+        )
+        await until("n's runs stopped", lambda: bound(store, fc, "n") == [])
+        state = reads.job_state(store, fc.cluster, "n")
+        assert state is not None and "n/main/2:" in state.what and "(last: bang)" in state.what
         await _replays(fc)

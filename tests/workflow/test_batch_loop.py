@@ -95,7 +95,7 @@ async def test_a_batch_job_runs_each_ordinal_to_completion_once(
         # the job_state query (a client without the store) says what the store says,
         # asked again while a new run loads its state (Busy), as wait_finished does
         plain = ForgeClient(skipping_env.client, cluster=fc.cluster)
-        asked = (await plain.wait_finished(["b"], timeout=30))["b"]
+        asked = (await plain.wait_finished(["b"], timeout=60))["b"]
         assert asked == reads.job_state(store, fc.cluster, "b")
         assert (asked.state, asked.complete, asked.bound, asked.desired) == ("complete", 3, 0, 3)
 
@@ -107,7 +107,7 @@ async def test_a_batch_job_runs_each_ordinal_to_completion_once(
         await fc.submit_job(job("last", replicas=1, cpu=100, memory=64))
         assert bound(store, fc, "b") == []
         assert (await fc.status()).summary.bound == 5  # the services only
-        asked = await ForgeClient(skipping_env.client, cluster=fc.cluster).job_state("svc0")
+        asked = (await plain.wait_finished(["svc0"], timeout=60))["svc0"]  # (Busy: asked again)
         assert (asked.state, asked.type, asked.bound) == ("service", "service", 1)
         assert_store_is_the_workflows(store, fc.cluster)
 

@@ -53,6 +53,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = {
         "run a node agent: register this machine, run the replicas bound to it",
     ),
     "logs": ("forge.cli.agent:logs", "print a replica's task log"),
+    "sim": ("forge.cli.sim:sim", "simulation tools for scale runs"),
 }
 
 _EPILOG = """\

@@ -1,0 +1,1 @@
+"""Simulation tools: a fleet of nodes in one process (:mod:`forge.sim.fleet`)."""

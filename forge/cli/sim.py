@@ -109,6 +109,8 @@ def fleet(
             f"{sims.exited:,} exited, {sims.heartbeats:,} heartbeats, "
             f"{sims.errors:,} store errors" + (f" (last: {sims.last_error})" if sims.errors else "")
         )
+        each = sims.read_seconds / max(1, sims.reads)
+        print(f"fleet: bindings read {sims.reads:,} times, {each * 1000:.0f} ms each")
         return 0
 
     return remote(settings(**flags), connect_timeout, action, reads_store=True)

@@ -121,6 +121,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "params": frozenset({"core", "errors", "loaders"}),
     "agent": frozenset({"client", "core", "errors", "params", "settings", "stores"}),
     "render": frozenset({"core", "wire"}),
+    "sim": frozenset({"core", "stores"}),
     "services": frozenset(
         {"client", "core", "errors", "loaders", "render", "settings", "stores", "wire"}
     ),
@@ -135,6 +136,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "render",
             "services",
             "settings",
+            "sim",
             "stores",
             "wire",
         }

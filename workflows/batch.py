@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "completions",
+    "deadlines",
     "end",
     "failures",
     "for_pass",
@@ -48,6 +49,8 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
         ended = job_id in st.batch_failed or job_id in st.batch_tolerated
         if st.batch_ends and old is not None and old != job and ended:
             _forget_failed(st, job_id, old)
+        if job.active_deadline is not None and job_id not in st.batch_started:
+            st.batch_timing[job_id] = None  # its clock starts at the next pass
         return
     if st.batch.pop(job_id, 0) is None:
         if (job_id in st.batch_failed or job_id in st.batch_tolerated) and old is not None:
@@ -55,6 +58,8 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
         st.batch_failed.pop(job_id, None)
         st.batch_ended.pop(job_id, None)
         st.batch_tolerated.pop(job_id, None)
+        st.batch_started.pop(job_id, None)
+        st.batch_timing.pop(job_id, None)
         for key in [k for k in sorted(st.done) if k[0] == job_id]:
             del st.done[key]
 
@@ -66,6 +71,7 @@ def _forget_failed(st: LoopState, job_id: str, old: Job) -> None:
     st.batch_failed.pop(job_id, None)
     st.batch_ended.pop(job_id, None)
     st.batch_tolerated.pop(job_id, None)
+    st.batch_started.pop(job_id, None)  # a new try: a new deadline
     for g in old.groups:
         for ordinal in range(g.scaling.desired):
             st.failures.pop(workload_id(job_id, g.name, ordinal), None)
@@ -107,10 +113,12 @@ def take_end(
             del st.exited[w]
 
 
-def for_pass(st: LoopState) -> tuple[Done | None, list[str]]:
+def for_pass(st: LoopState, now: float) -> tuple[Done | None, list[str]]:
     """The pass's done ordinals (with those completed since the last pass) and the
     bindings to release as complete. Ordinals past a group's desired count are
-    dropped when its job changes, so the count of what is left stays right."""
+    dropped when its job changes, so the count of what is left stays right. First,
+    the jobs whose :func:`deadlines` passed end."""
+    deadlines(st, now)
     if not (st.done or st.completed):
         return None, []
     for wid in st.completed:
@@ -194,6 +202,33 @@ def settle(st: LoopState) -> bool:
             st.batch_ended[job_id] = None
         again = again or job_id not in st.batch_ended
     return again
+
+
+def deadlines(st: LoopState, now: float) -> None:
+    """Before a pass plans: start the clock of each batch job with an
+    ``active_deadline`` the loop has just seen, and fail each whose deadline passed
+    before it completed (Kubernetes' ``activeDeadlineSeconds``): its runs still
+    bound are stopped in this very pass and none is placed again (:func:`end`).
+    Bounded by the jobs with a deadline still running; nothing at all without one."""
+    if not st.batch_ends or not (st.batch_started or st.batch_timing):
+        return
+    for job_id in st.batch_timing:
+        st.batch_started.setdefault(job_id, now)
+    st.batch_timing = {}
+    for job_id, t0 in list(st.batch_started.items()):
+        job = st.jobs.get(job_id)
+        if job is None or job.active_deadline is None or job_id in st.batch_failed:
+            del st.batch_started[job_id]  # gone, no deadline any more, failed already
+            continue
+        if now < t0 + job.active_deadline:
+            continue
+        del st.batch_started[job_id]
+        state = state_of(st, job_id)
+        if state is not None and state.state == "complete":
+            continue
+        why = f"active_deadline {job.active_deadline:g} s passed: its runs were stopped"
+        st.batch_failed[job_id] = why
+        end(st, job_id)
 
 
 def end(st: LoopState, job_id: str) -> bool:

@@ -368,7 +368,7 @@ class ClusterWorkflow(Presentation):
         st.take_health(now)
         with workflow.unsafe.sandbox_unrestricted():  # a metric, and the persist's input
             started = self.plan_started = clocks.plan_clock()
-        done, completed = batch.for_pass(st)
+        done, completed = batch.for_pass(st, now)
         plan = reconcile(
             jobs=st.jobs,
             nodes=st.nodes,

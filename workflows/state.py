@@ -112,6 +112,8 @@ class LoopState:
     why_failed: dict[str, str] = field(default_factory=dict)  # this pass's: run -> message
     batch_ended: dict[str, None] = field(default_factory=dict)  # failed: none bound now
     batch_tolerated: dict[str, dict[str, int]] = field(default_factory=dict)  # max_failed
+    batch_started: dict[str, float] = field(default_factory=dict)  # active_deadline's start
+    batch_timing: dict[str, None] = field(default_factory=dict)  # deadlines to start
     batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
 
     @classmethod
@@ -148,6 +150,7 @@ class LoopState:
             batch_failed=dict(cp.batch_failed),
             batch_ended=dict(cp.batch_ended),
             batch_tolerated={j: dict(g) for j, g in cp.batch_tolerated.items()},
+            batch_started=dict(cp.batch_started),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -183,6 +186,7 @@ class LoopState:
             batch_failed=self.batch_failed,
             batch_ended=self.batch_ended,
             batch_tolerated=self.batch_tolerated,
+            batch_started=self.batch_started,
         )
 
     def watch_input(self) -> ac.WatchIn:
@@ -221,6 +225,11 @@ class LoopState:
                     wake, why = t, "autoscale tick"
         if self.rollout_wake is not None and (wake is None or self.rollout_wake < wake):
             wake, why = self.rollout_wake, "rollout"
+        for job_id, t0 in self.batch_started.items():  # batch jobs with a deadline
+            limit = getattr(self.jobs.get(job_id), "active_deadline", None)
+            at = t0 + limit if limit is not None else None
+            if at is not None and (wake is None or at < wake):
+                wake, why = at, "active deadline"
         resync = self.last_resync + self.opts.resync_seconds
         if wake is None or resync < wake:
             return resync, "job resync"

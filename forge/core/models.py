@@ -1,14 +1,12 @@
 """The vocabulary of Forge: jobs, nodes, assignments and the plan of a pass.
 
-Jobs (groups, tasks, their resources and policies) and the request a replica
-makes are defined here; nodes (:mod:`forge.core.nodes`), where a group may go
-(:mod:`forge.core.constraints`), bindings
-(:mod:`forge.core.assignments`), the field types (:mod:`forge.core.fields`) and the
-limits (:mod:`forge.core.limits`) live beside them and are importable from here
-too. Every model is strict (no silent coercion of ``"500"`` into 500) and forbids
-unknown fields, so a typo in a job file is an error that names the field instead
-of a setting that silently does nothing. All models export JSON Schema
-(``Job.model_json_schema()``).
+Jobs (groups, tasks, their resources and policies) and a replica's request are
+defined here; nodes (:mod:`forge.core.nodes`), placement rules
+(:mod:`forge.core.constraints`), bindings (:mod:`forge.core.assignments`), field
+types (:mod:`forge.core.fields`) and limits (:mod:`forge.core.limits`) live beside
+them and are importable from here. Every model is strict (no coercion of ``"500"``
+into 500) and forbids unknown fields: a typo in a job file is an error naming the
+field, not a setting that silently does nothing. All export JSON Schema.
 
 Units: cpu in millicores, memory in MiB, GPU memory in MiB, times in seconds.
 """
@@ -337,7 +335,7 @@ class TaskGroup(Evolving):
 
 
 class Job(Evolving):
-    _new_fields = ("preemption", "type", "schedule")
+    _new_fields = ("preemption", "type", "schedule", "active_deadline")
 
     id: Name = Field(default="", validate_default=False)
     name: Name
@@ -349,6 +347,8 @@ class Job(Evolving):
     groups: tuple[TaskGroup, ...] = Field(min_length=1, max_length=MAX_GROUPS)
     #: A batch job run by a Temporal Schedule, an instance per firing (forge.core.periodic).
     schedule: Schedule | None = None
+    #: batch only: seconds from the loop's first sight of the job until it fails (kinds)
+    active_deadline: Seconds | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -371,7 +371,7 @@ class Job(Evolving):
 
     @model_validator(mode="after")
     def _kind_rules(self) -> Self:
-        check_kind(self.type, self.groups)
+        check_kind(self.type, self.groups, self.active_deadline)
         check_periodic(self.name, self.type, self.schedule)
         return self
 

@@ -238,12 +238,15 @@ class Checkpoint(_Msg):
     batch_ended: dict[str, None] = Field(default_factory=dict)
     #: batch runs failed for good within their group's max_failed: job -> group -> runs
     batch_tolerated: dict[str, dict[str, int]] = Field(default_factory=dict)
+    #: when the loop first saw each batch job with an active_deadline still running
+    batch_started: dict[str, float] = Field(default_factory=dict)
 
     _omit = omit_defaults(
         "exited",
         "batch_failed",
         "batch_ended",
         "batch_tolerated",
+        "batch_started",
         "health",
         "max_work",
         "preemptions",

@@ -6,6 +6,8 @@ over. Each history replays."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -143,3 +145,51 @@ async def test_max_failed_runs_fail_alone_and_the_job_completes_without_them(
         state = reads.job_state(store, fc.cluster, "n")
         assert state is not None and "n/main/2:" in state.what and "(last: bang)" in state.what
         await _replays(fc)
+
+
+async def test_an_active_deadline_fails_a_running_job_and_spares_a_complete_one(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Kubernetes' ``activeDeadlineSeconds``: a job still running when its deadline
+    passes fails, its runs stopped in that pass and none placed again, with no
+    report or submission to wake the loop (its own timer does); one that completed
+    before its deadline stays complete. The history replays."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    slow = batch("slow", 3, reschedule=NEVER).model_dump(mode="json")
+    slow["active_deadline"] = 1.0
+    quick = {**batch("quick", 1, reschedule=NEVER).model_dump(mode="json"), "active_deadline": 1.0}
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=3000, memory=8192)])  # room for three
+        await fc.submit_job(Job.model_validate(quick))
+        await until("quick bound", lambda: bound(store, fc, "quick") == ["quick/main/0"])
+        store.report(fc.cluster, [ended("quick/main/0", "exited", code=0)])
+        await until(
+            "quick complete",
+            lambda: (reads.batch_state(store, fc.cluster, "quick") or ("",))[0] == "complete",
+        )
+        began = time.monotonic()
+        await fc.submit_job(Job.model_validate(slow))
+        await until("slow bound", lambda: len(bound(store, fc, "slow")) == 3)
+        await until(
+            "slow failed by its deadline",
+            lambda: (reads.batch_state(store, fc.cluster, "slow") or ("",))[0] == "failed",
+        )
+        assert time.monotonic() - began >= 1.0  # not before its deadline
+        await until("its runs stopped", lambda: bound(store, fc, "slow") == [])
+        state = reads.job_state(store, fc.cluster, "slow")
+        assert state is not None
+        assert state.what == "0/3 runs complete; active_deadline 1 s passed: its runs were stopped"
+        explained = await fc.explain("slow/main/0")
+        assert any("its job failed (active_deadline 1 s passed)" in r for r in explained.reasons)
+        # quick's deadline passed too (a pass after it): still complete
+        await fc.submit_job(batch("poke", 1))
+        await until("a later pass", lambda: bound(store, fc, "poke") == ["poke/main/0"])
+        quick_state = reads.job_state(store, fc.cluster, "quick")
+        assert quick_state is not None and quick_state.state == "complete"
+        await _replays(fc)
+
+
+def test_a_deadline_is_for_batch_jobs_only() -> None:
+    spec = batch("s", 1).model_dump(mode="json")
+    with pytest.raises(ValueError, match="active_deadline: only a batch job ends"):
+        Job.model_validate({**spec, "type": "service", "active_deadline": 5.0})

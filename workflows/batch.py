@@ -17,7 +17,7 @@ from workflows import activities as acts
 from workflows.state import LoopState
 
 with workflow.unsafe.imports_passed_through():
-    from forge.core.kinds import ending, fatal, phase
+    from forge.core.kinds import ending, fatal
     from forge.core.models import Job, workload_id
     from forge.core.plan import FailureHistory, PendingEntry, Plan
     from forge.core.releasing import COMPLETE
@@ -284,33 +284,17 @@ def state_of(st: LoopState, job_id: str) -> c.JobState | None:
     job = st.jobs.get(job_id)
     if job is None:
         return None
-    desired = complete = bound = 0
+    complete = bound = 0
     for g in job.groups:
         done = st.done.get((job_id, g.name), set())
         for ordinal in range(g.scaling.desired):
             wid = workload_id(job_id, g.name, ordinal)
             complete += ordinal in done or wid in st.completed
             bound += wid in st.bindings
-        desired += g.scaling.desired
-    if job.type != "batch":
-        what = f"job {job_id} is a {job.type} job: it runs until stopped"
-        return c.JobState(
-            job_id=job_id,
-            type=job.type,
-            state="service",
-            desired=desired,
-            complete=0,
-            bound=bound,
-            what=what,
-        )
-    tolerated = sum(st.batch_tolerated.get(job_id, {}).values())
-    state, what = phase(desired, complete, st.batch_failed.get(job_id), tolerated)
-    return c.JobState(
-        job_id=job_id,
-        type=job.type,
-        state=state,
-        desired=desired,
+    return c.job_state(
+        job,
         complete=complete,
         bound=bound,
-        what=what,
+        failed=st.batch_failed.get(job_id),
+        tolerated=sum(st.batch_tolerated.get(job_id, {}).values()),
     )

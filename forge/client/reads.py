@@ -155,35 +155,20 @@ def job_state(store: Store, cluster: str, job_id: str) -> c.JobState | None:
     job = store.get_job(cluster, job_id)
     if job is None:
         return None
-    desired = sum(g.scaling.desired for g in job.groups)
 
     def ids(after: str) -> list[str]:
         return [a.workload_id for a in store.assignments(cluster, after, STORE_PAGE)]
 
     bound = len(_of_job(ids, job_id, STORE_PAGE))
     if job.type != "batch":
-        what = f"job {job_id} is a {job.type} job: it runs until stopped"
-        return c.JobState(
-            job_id=job_id,
-            type=job.type,
-            state="service",
-            desired=desired,
-            complete=0,
-            bound=bound,
-            what=what,
-        )
-    done = len(completed_runs(store, cluster, job_id))
+        return c.job_state(job, complete=0, bound=bound, failed=None, tolerated=0)
     doc = published(store, cluster) or c.LoopStatus(summary=c.Summary.empty())
-    tolerated = doc.tolerated_failures.get(job_id, 0)
-    state, what = phase(desired, done, doc.failed_jobs.get(job_id), tolerated)
-    return c.JobState(
-        job_id=job_id,
-        type=job.type,
-        state=state,
-        desired=desired,
-        complete=done,
+    return c.job_state(
+        job,
+        complete=len(completed_runs(store, cluster, job_id)),
         bound=bound,
-        what=what,
+        failed=doc.failed_jobs.get(job_id),
+        tolerated=doc.tolerated_failures.get(job_id, 0),
     )
 
 

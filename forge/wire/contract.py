@@ -27,6 +27,7 @@ from forge.wire.published import (
     AssignmentView,
     Explanation,
     GpuView,
+    JobState,
     LoopStatus,
     NodeView,
     PendingView,
@@ -35,6 +36,7 @@ from forge.wire.published import (
     RolloutView,
     StatusView,
     Summary,
+    job_state,
 )
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "SubmitJob",
     "SubmitJobs",
     "Summary",
+    "job_state",
     "workflow_id",
 ]
 
@@ -375,21 +378,6 @@ class JobResult(_Msg):
     desired: int
     bound: int
     pending: int
-
-
-class JobState(_Msg):
-    """The ``job_state`` query's answer: where a job stands as the loop holds it, for
-    clients without the store (a TypeScript service waiting for a batch job)."""
-
-    job_id: str
-    type: str
-    state: Literal["running", "complete", "failed", "service"] = Field(
-        description="a batch job's phase; 'service' for work that runs until stopped"
-    )
-    desired: int = Field(description="runs (a batch job) or replicas wanted")
-    complete: int = Field(description="runs complete (0 for a service)")
-    bound: int = Field(description="replicas bound now")
-    what: str = Field(description="the line forge job wait prints")
 
 
 class ReportFailedResult(_Msg):

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forge.core.kinds import phase
+from forge.core.models import Job
 from forge.serialize import omit_defaults
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "AssignmentsQuery",
     "Explanation",
     "GpuView",
+    "JobState",
     "LoopStatus",
     "NodeView",
     "PendingView",
@@ -33,6 +36,7 @@ __all__ = [
     "RolloutView",
     "StatusView",
     "Summary",
+    "job_state",
 ]
 
 
@@ -215,3 +219,36 @@ class Explanation(_Msg):
     gpu_ids: list[str] = Field(default_factory=list)
     reasons: list[str] = Field(default_factory=list)
     nodes: list[str] = Field(default_factory=list, description="per-node verdicts (top few)")
+
+
+class JobState(_Msg):
+    """The ``job_state`` query's answer: where a job stands as the loop holds it, for
+    clients without the store (a TypeScript service waiting for a batch job)."""
+
+    job_id: str
+    type: str
+    state: Literal["running", "complete", "failed", "service"] = Field(
+        description="a batch job's phase; 'service' for work that runs until stopped"
+    )
+    desired: int = Field(description="runs (a batch job) or replicas wanted")
+    complete: int = Field(description="runs complete (0 for a service)")
+    bound: int = Field(description="replicas bound now")
+    what: str = Field(description="the line forge job wait prints")
+
+
+def job_state(
+    job: Job, *, complete: int, bound: int, failed: str | None, tolerated: int
+) -> JobState:
+    """A job's :class:`JobState` from its counts, one rule whoever counted them (the
+    loop for the query, the store for ``forge job wait``): a service says so; a batch
+    job's phase is :func:`forge.core.kinds.phase`'s."""
+    desired = sum(g.scaling.desired for g in job.groups)
+    if job.type != "batch":
+        state, what = "service", f"job {job.id} is a {job.type} job: it runs until stopped"
+        complete = 0
+    else:
+        state, what = phase(desired, complete, failed, tolerated)
+    return JobState(
+        job_id=job.id, type=job.type, state=state, desired=desired, complete=complete,
+        bound=bound, what=what,
+    )  # fmt: skip

@@ -35,6 +35,15 @@ SCHEDULED_AT = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 _QUICK = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 
+#: ``workflow.patched`` id (here, not in workflows/patches.py, which are the loop's:
+#: every pass asks for those). A firing cancelled while (or just after) it submits
+#: its instance stops the instance, as one cancelled while it waits always did.
+#: Found with a kill -9 of the worker between the submit and the wait: the submit's
+#: result and the cancel (``concurrency: replace``) reached the next worker in one
+#: activation, the firing ended cancelled and its instance ran on, unowned, beside
+#: the next one. Runs recorded before it let the cancel through.
+FIRING_CANCELLED_AT_SUBMIT_STOPS = "firing-cancelled-at-submit-stops"
+
 
 @workflow.defn(name=p.WORKFLOW_PERIODIC)
 class PeriodicJobWorkflow:
@@ -53,13 +62,13 @@ class PeriodicJobWorkflow:
         name = instance_id(fire.job.id, _fired_at())
         job = fire.job.model_copy(update={"id": name, "name": name, "schedule": None})
         ref = p.Instance(cluster=fire.cluster, job_id=name)
-        await workflow.execute_activity(
-            p.ACT_SUBMIT,
-            p.Firing(cluster=fire.cluster, job=job),
-            start_to_close_timeout=_QUICK,
-            retry_policy=_RETRY,
-        )
+        firing = p.Firing(cluster=fire.cluster, job=job)
+        guarded = _guarded()
+        if not guarded:
+            await _submit(firing)  # recorded before: a cancel here left the instance running
         try:
+            if guarded:
+                await _submit(firing)
             out = await workflow.execute_activity(
                 p.ACT_AWAIT,
                 ref,
@@ -73,7 +82,10 @@ class PeriodicJobWorkflow:
                 raise
             # replaced by the next firing (concurrency: replace) or cancelled by hand:
             # the instance must not keep its resources for a result nobody waits for.
-            # (The SDK raises the cancelled activity's ActivityError, not asyncio's.)
+            # Cancelled at the submit too: it may have reached the loop (or be
+            # resolved in the very activation the cancel arrived in), and a stop of
+            # an instance that never came is a no-op. (The SDK raises the cancelled
+            # activity's ActivityError, not asyncio's.)
             await workflow.execute_activity(
                 p.ACT_STOP, ref, start_to_close_timeout=_QUICK, retry_policy=_RETRY
             )
@@ -88,6 +100,16 @@ class PeriodicJobWorkflow:
         if out.state == "failed":
             raise ApplicationError(said, non_retryable=True)
         return said
+
+
+def _guarded() -> bool:
+    return workflow.patched(FIRING_CANCELLED_AT_SUBMIT_STOPS)
+
+
+async def _submit(firing: p.Firing) -> None:
+    await workflow.execute_activity(
+        p.ACT_SUBMIT, firing, start_to_close_timeout=_QUICK, retry_policy=_RETRY
+    )
 
 
 def _fired_at() -> datetime:

@@ -291,7 +291,11 @@ class StoreActivities:
     @heartbeating
     def metrics(self, req: MetricsIn) -> MetricsOut:
         usage = self.store.group_usage(req.cluster, time.time() - req.window)
-        return MetricsOut(usage={g: usage[g] for g in req.groups if g in usage})
+        asked = [g for g in req.groups if g in usage]
+        return MetricsOut(
+            usage={g: (usage[g].cpu, usage[g].memory) for g in asked},
+            gpu={g: gpu for g in asked if (gpu := usage[g].gpu) is not None},
+        )
 
     @activity.defn(name=ACT_GROUP_SPEC)
     @heartbeating

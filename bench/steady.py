@@ -365,7 +365,7 @@ async def measure(args: argparse.Namespace, work: Path, procs: list[Any]) -> dic
         "per_hour_with_floor": round(per_hour) + IDLE_FLOOR,
         "activities": dict(kinds),
         "watch_reasons": dict(reasons),
-        "usage_in_store": {g: [round(x, 3) for x in v] for g, v in usage.items()},
+        "usage_in_store": {g: [round(v.cpu, 3), round(v.memory, 3)] for g, v in usage.items()},
         "target": TARGET_SMALL if args.agents <= 3 else TARGET_LARGE,
     }
     if sim is not None:

@@ -207,7 +207,7 @@ async def autoscale(st: LoopState, queue: JobQueue, now: float) -> bool:
         group = job.group(gname)
         assert group is not None and group.autoscale is not None
         usage = out.usage.get(key)
-        metrics = GroupMetrics(cpu=usage[0], memory=usage[1]) if usage else None
+        metrics = GroupMetrics(usage[0], usage[1], out.gpu.get(key)) if usage else None
         state = st.autoscale.get(key, AutoscaleState())
         d = decide(group.autoscale, group.scaling, metrics, state, now)
         st.autoscale[key] = d.state

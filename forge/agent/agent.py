@@ -30,6 +30,7 @@ import structlog
 
 from forge.agent.cgroups import Cgroups
 from forge.agent.config import AgentConfig
+from forge.agent.gpu_usage import BusyMeter
 from forge.agent.health import Checker
 from forge.agent.logfiles import rotate_if_needed
 from forge.agent.peers import Peers, find_node
@@ -78,7 +79,8 @@ class Agent:
         self._clock = clock
         self.supervisor = Supervisor(config.data_dir, config.node.id, config.gpu_uuids, cgroups)
         self.reporter = Reporter(lambda batch: store.report(config.cluster, batch))
-        self.sampler = UsageSampler()
+        meter = BusyMeter() if config.gpu_uuids else None  # detected, so measurable
+        self.sampler = UsageSampler(meter, self.supervisor.replicas)
         self.state = StateFile(config.data_dir / "agent-state.json")
         self._released: set[str] = set()
         self._adopted: set[str] = set()
@@ -215,7 +217,7 @@ class Agent:
                     continue
                 replica = None
             if replica is not None:
-                replica.cpu, replica.memory = a.cpu, a.memory
+                replica.rebind(a.cpu, a.memory, tuple(a.gpu_ids), a.gpu_milli)
                 if wid not in self._checks:  # adopted: its checks are learnt here
                     try:
                         adopted = self._group(a)
@@ -363,18 +365,16 @@ class Agent:
             if sample is None:
                 continue
             self.usage[wid] = (sample.cpu, sample.memory)
-            replica = self.supervisor.replicas[wid]
-            ports = " ".join(f"{k}={v}" for k, v in sorted(replica.ports.items()))
             self.reporter.usage(
                 TaskReport(
                     workload_id=wid,
                     status="running",
                     cpu=sample.cpu,
                     memory=sample.memory,
+                    gpu=sample.gpu,
                     at=self._clock(),
                     # the ports too: ``forge status`` reads the latest usage report
-                    message=f"cpu {sample.cpu_millicores}m memory {sample.memory_mib}Mi"
-                    + (f" ports {ports}" if ports else ""),
+                    message=sample.describe(self.supervisor.replicas[wid].ports),
                     node=self.node.id,
                 )
             )

@@ -78,6 +78,14 @@ class Replica:
     #: Why the agent stops it, when it does (memory limit): reported instead of
     #: the signal that ended it.
     stop_reason: str = ""
+    #: The binding's devices and share (the agent keeps them current): what its
+    #: GPU utilisation is measured on.
+    gpu_ids: tuple[str, ...] = ()
+    gpu_milli: int = 0
+
+    def rebind(self, cpu: int, memory: int, gpu_ids: tuple[str, ...], gpu_milli: int) -> None:
+        """The binding's request, read again each step (an adopted replica learns it)."""
+        self.cpu, self.memory, self.gpu_ids, self.gpu_milli = cpu, memory, gpu_ids, gpu_milli
 
     @property
     def ports(self) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """Real utilisation of each replica, as the autoscaler reads it: cpu and memory
-used over what the binding requested (1.0 = exactly the request).
+used over what the binding requested (1.0 = exactly the request), and the busy
+fraction of its GPUs where the agent can measure them (:mod:`forge.agent.gpu_usage`).
 
 CPU is the cpu time the replica's process trees consumed between two samples over
 the wall time between them, so a task that forks workers is counted whole; memory
@@ -9,10 +10,12 @@ is the trees' resident set now.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psutil
 
+from forge.agent.gpu_usage import BusyMeter, replica_gpu, shares_on
 from forge.agent.supervisor import Replica
 
 __all__ = ["Sample", "UsageSampler"]
@@ -24,6 +27,15 @@ class Sample:
     memory: float  # utilisation of the requested memory
     cpu_millicores: int
     memory_mib: int
+    gpu: float | None = None  # busy fraction of its GPUs; None: not measured
+
+    def describe(self, ports: Mapping[str, int]) -> str:
+        """The report's message (``forge status`` shows the latest)."""
+        gpu = "" if self.gpu is None else f" gpu {self.gpu:.0%}"
+        bound = " ".join(f"{k}={v}" for k, v in sorted(ports.items()))
+        return f"cpu {self.cpu_millicores}m memory {self.memory_mib}Mi{gpu}" + (
+            f" ports {bound}" if bound else ""
+        )
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -50,8 +62,15 @@ def _cpu_and_rss(replica: Replica) -> tuple[float, int]:
 
 
 class UsageSampler:
-    def __init__(self) -> None:
+    """``meter``: the node's measured GPUs (None: none measured); ``replicas``: the
+    supervisor's, whose shares divide a shared device's busy time."""
+
+    def __init__(
+        self, meter: BusyMeter | None = None, replicas: Mapping[str, Replica] | None = None
+    ) -> None:
         self._last: dict[str, tuple[float, float]] = {}  # wid -> (monotonic, cpu seconds)
+        self._meter = meter
+        self._replicas = replicas if replicas is not None else {}
 
     def sample(self, replica: Replica) -> Sample | None:
         """The replica's usage since its previous sample (None on the first)."""
@@ -69,7 +88,14 @@ class UsageSampler:
             memory=round(mib / replica.memory, 4) if replica.memory else 0.0,
             cpu_millicores=millicores,
             memory_mib=mib,
+            gpu=self._gpu(replica),
         )
+
+    def _gpu(self, replica: Replica) -> float | None:
+        if self._meter is None or not replica.gpu_ids:
+            return None
+        milli_on = shares_on((r.gpu_ids, r.gpu_milli) for r in self._replicas.values())
+        return replica_gpu(replica.gpu_ids, replica.gpu_milli, self._meter.busy(), milli_on)
 
     def memory_mib(self, replica: Replica) -> int:
         return _cpu_and_rss(replica)[1] // (1 << 20)

@@ -9,7 +9,7 @@ deterministic workflow code and be replayed.
 Two policies (``AutoscalePolicy.policy``):
 
 ``threshold`` (the original's)
-    ``utilisation = max(cpu, memory)``; ``>= scale_up`` adds ``step``, ``<=
+    ``utilisation = max(cpu, memory, gpu)``; ``>= scale_up`` adds ``step``, ``<=
     scale_down`` removes ``step``, clamped to ``[min, max]``; then ``cooldown``
     seconds during which the group does not scale again.
 
@@ -20,11 +20,12 @@ Two policies (``AutoscalePolicy.policy``):
 
 Why the rules are what they are:
 
-* **Utilisation is the max of cpu and memory.** A replica runs out of whichever
-  resource is scarcer; averaging would hide a memory-bound group behind idle
-  cpu. Unknown values (``None``, and also NaN, infinities or negatives, which a
-  broken metrics source can produce) are ignored; with nothing known the group
-  is left alone and the state is not touched, because "no data" is not "idle".
+* **Utilisation is the max of cpu, memory and gpu.** A replica runs out of
+  whichever resource is scarcer; averaging would hide a memory-bound group behind
+  idle cpu (or a GPU-bound one behind both). Unknown values (``None``, and also
+  NaN, infinities or negatives, which a broken metrics source can produce) are
+  ignored; with nothing known the group is left alone and the state is not
+  touched, because "no data" is not "idle".
 
 * **The cooldown is stamped only when the count actually changes.** It exists to
   give a scale time to take effect (new replicas start, load spreads out) before
@@ -111,25 +112,30 @@ def _known(value: float | None) -> float | None:
 class GroupMetrics:
     """A group's utilisation, 0..1 (may exceed 1 when over-committed); None = unknown.
 
-    NaN, infinite and negative values are treated as unknown.
+    NaN, infinite and negative values are treated as unknown. ``gpu`` is the busy
+    fraction of the group's GPUs as its agents measure it (None for a group without
+    GPUs, or where no agent can measure them): a GPU inference service is bound by
+    its devices long before its cpu.
     """
 
     cpu: float | None
     memory: float | None
+    gpu: float | None = None
 
     def utilisation(self) -> float | None:
-        """``max(cpu, memory)`` of the known values; None if neither is known."""
+        """``max(cpu, memory, gpu)`` of the known values; None if none is known."""
         dominant = self._dominant()
         return None if dominant is None else dominant[1]
 
     def _dominant(self) -> tuple[str, float] | None:
-        """The name and value of the larger known metric (cpu wins a tie)."""
-        cpu, memory = _known(self.cpu), _known(self.memory)
-        if cpu is not None and (memory is None or cpu >= memory):
-            return "cpu", cpu
-        if memory is not None:
-            return "memory", memory
-        return None
+        """The name and value of the largest known metric (on a tie the first of cpu,
+        memory, gpu)."""
+        best: tuple[str, float] | None = None
+        for name, raw in (("cpu", self.cpu), ("memory", self.memory), ("gpu", self.gpu)):
+            value = _known(raw)
+            if value is not None and (best is None or value > best[1]):
+                best = (name, value)
+        return best
 
 
 class AutoscaleState(BaseModel):

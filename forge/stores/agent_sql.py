@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-__all__ = ["AGENT_FUNCTIONS", "AGENT_STEP", "EXIT_CODE_STEP"]
+__all__ = ["AGENT_FUNCTIONS", "AGENT_STEP", "EXIT_CODE_STEP", "GPU_USAGE_STEP"]
 
 # Who is calling: the agent's role holds no table privilege, so everything goes
 # through these functions, which take the agent's identity from ``session_user``,
@@ -348,4 +348,38 @@ EXIT_CODE_STEP: tuple[LiteralString, ...] = (
     "ALTER TABLE reports ADD COLUMN exit_code INTEGER",
     _PIN_SEARCH_PATH,
     _REPORT_WITH_EXIT,
+)
+
+# Step 9's report function: step 8's, also checking a report's ``gpu`` (a number >= 0
+# or absent) and keeping it with the replica's latest usage sample.
+_REPORT_WITH_GPU: LiteralString = _edited(
+    _REPORT_WITH_EXIT,
+    (
+        "OR coalesce(jsonb_typeof(v_r -> 'memory'), 'null') NOT IN ('number', 'null')\n",
+        "OR coalesce(jsonb_typeof(v_r -> 'memory'), 'null') NOT IN ('number', 'null')\n"
+        "                   OR coalesce(jsonb_typeof(v_r -> 'gpu'), 'null')"
+        " NOT IN ('number', 'null')\n",
+    ),
+    (
+        "OR coalesce((v_r ->> 'memory')::float8, 0) < 0\n",
+        "OR coalesce((v_r ->> 'memory')::float8, 0) < 0\n"
+        "                   OR coalesce((v_r ->> 'gpu')::float8, 0) < 0\n",
+    ),
+    ("'memory >= 0,", "'memory and gpu >= 0,"),
+    ("seq, cpu, memory, at, status,", "seq, cpu, memory, gpu, at, status,"),
+    (
+        "(v_r ->> 'memory')::float8, (v_r ->> 'at')::float8,",
+        "(v_r ->> 'memory')::float8, (v_r ->> 'gpu')::float8, (v_r ->> 'at')::float8,",
+    ),
+    (
+        "memory = excluded.memory, at = excluded.at,",
+        "memory = excluded.memory, gpu = excluded.gpu,\n                   at = excluded.at,",
+    ),
+)
+
+#: Step 9: a usage sample's GPU utilisation, kept by the agents' report function too.
+GPU_USAGE_STEP: tuple[LiteralString, ...] = (
+    "ALTER TABLE latest_usage ADD COLUMN gpu DOUBLE PRECISION",
+    _PIN_SEARCH_PATH,
+    _REPORT_WITH_GPU,
 )

@@ -29,6 +29,7 @@ from forge.stores.rows import (
     AssignmentRow,
     Delta,
     Fence,
+    GroupUsage,
     GroupVersion,
     JobChange,
     JobPage,
@@ -45,6 +46,7 @@ __all__ = [
     "AssignmentRow",
     "Delta",
     "Fence",
+    "GroupUsage",
     "GroupVersion",
     "JobChange",
     "JobPage",
@@ -217,29 +219,29 @@ def group_of(workload: str) -> str | None:
 
 
 def mean_usage(
-    latest: Iterable[tuple[str, float | None, float | None]],
-) -> dict[str, tuple[float, float]]:
-    """Average ``(workload_id, cpu, memory)`` rows per ``job/group``.
+    latest: Iterable[tuple[str, float | None, float | None, float | None]],
+) -> dict[str, GroupUsage]:
+    """Average ``(workload_id, cpu, memory, gpu)`` rows per ``job/group``.
 
     Each dimension is averaged over the replicas that reported it, so a replica
-    that reports only memory does not drag the group's cpu towards zero; a
-    dimension nobody reported is 0.0. Shared so every store rounds the same way.
+    that reports only memory does not drag the group's cpu towards zero; a cpu or
+    memory nobody reported is 0.0, a gpu nobody reported None. Rows without cpu and
+    memory are no usage sample (gpu rides with one). Shared so every store rounds
+    the same way.
     """
     sums: dict[str, list[float]] = {}
-    for workload, cpu, memory in latest:
+    for workload, cpu, memory, gpu in latest:
         group = group_of(workload)
         if group is None or (cpu is None and memory is None):
             continue
-        acc = sums.setdefault(group, [0.0, 0.0, 0.0, 0.0])
-        if cpu is not None:
-            acc[0] += cpu
-            acc[1] += 1
-        if memory is not None:
-            acc[2] += memory
-            acc[3] += 1
+        acc = sums.setdefault(group, [0.0] * 6)
+        for i, value in enumerate((cpu, memory, gpu)):
+            if value is not None:
+                acc[2 * i] += value
+                acc[2 * i + 1] += 1
     return {
-        group: (c / nc if nc else 0.0, m / nm if nm else 0.0)
-        for group, (c, nc, m, nm) in sorted(sums.items())
+        group: GroupUsage(c / nc if nc else 0.0, m / nm if nm else 0.0, g / ng if ng else None)
+        for group, (c, nc, m, nm, g, ng) in sorted(sums.items())
     }
 
 
@@ -372,8 +374,8 @@ class Store(Protocol):
         repeats of a known state are not in it)."""
         ...
 
-    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
-        """Mean (cpu, memory) utilisation per ``job/group`` over each replica's
+    def group_usage(self, cluster: str, since: float) -> dict[str, GroupUsage]:
+        """Mean (cpu, memory, gpu) utilisation per ``job/group`` over each replica's
         latest report at or after ``since``; groups with no report are absent.
 
         Only reports carrying a cpu or memory value count (see ``mean_usage``), and

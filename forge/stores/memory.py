@@ -19,6 +19,7 @@ from forge.stores.base import (
     AssignmentRow,
     Delta,
     Fence,
+    GroupUsage,
     GroupVersion,
     JobChange,
     JobPage,
@@ -61,6 +62,7 @@ class _Usage:
     status: str
     message: str
     node: str
+    gpu: float | None = None
 
 
 @dataclass
@@ -272,7 +274,7 @@ class MemoryStore:
                 last = c.usage.get(r.workload_id)
                 if last is None or r.at >= last.at:
                     c.usage[r.workload_id] = _Usage(
-                        seq, r.cpu, r.memory, r.at, r.status, r.message, r.node
+                        seq, r.cpu, r.memory, r.at, r.status, r.message, r.node, r.gpu
                     )
             return len(c.reports)
 
@@ -282,10 +284,10 @@ class MemoryStore:
             start = max(seq, 0)
             return reports[start : start + max(limit, 0)]
 
-    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
+    def group_usage(self, cluster: str, since: float) -> dict[str, GroupUsage]:
         with self._lock:
             usage = self._cluster(cluster).usage
-            rows = [(w, u.cpu, u.memory) for w, u in usage.items() if u.at >= since]
+            rows = [(w, u.cpu, u.memory, u.gpu) for w, u in usage.items() if u.at >= since]
         return mean_usage(rows)
 
     def latest_usage(self, cluster: str, after: str = "", limit: int = 5000) -> list[TaskReport]:
@@ -299,6 +301,7 @@ class MemoryStore:
                     status=u.status,
                     cpu=u.cpu,
                     memory=u.memory,
+                    gpu=u.gpu,
                     at=u.at,
                     message=u.message,
                     node=u.node,

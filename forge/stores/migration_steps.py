@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-from forge.stores.agent_sql import AGENT_STEP, EXIT_CODE_STEP
+from forge.stores.agent_sql import AGENT_STEP, EXIT_CODE_STEP, GPU_USAGE_STEP
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS"]
 
@@ -175,6 +175,9 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     # 8: a report's exit status (a batch group's ``fail_on_exit`` decides by it);
     # NULL for reports before it and for those that carry none.
     ("ALTER TABLE reports ADD COLUMN exit_code INTEGER",),
+    # 9: a usage sample's GPU utilisation (autoscaling on ``gpu``), kept with the
+    # latest sample only; NULL: not measured.
+    ("ALTER TABLE latest_usage ADD COLUMN gpu REAL",),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -304,4 +307,6 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     ),
     # 8: see the SQLite step; the agents' report function keeps it too
     EXIT_CODE_STEP,
+    # 9: see the SQLite step; likewise
+    GPU_USAGE_STEP,
 )

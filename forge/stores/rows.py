@@ -20,6 +20,7 @@ __all__ = [
     "AssignmentRow",
     "Delta",
     "Fence",
+    "GroupUsage",
     "GroupVersion",
     "JobChange",
     "JobPage",
@@ -155,6 +156,13 @@ class TaskReport(_Wire):
     status: str = Field(pattern="^(running|failed|exited)$")
     cpu: float | None = Field(default=None, ge=0, description="cpu utilisation 0..1+")
     memory: float | None = Field(default=None, ge=0, description="memory utilisation 0..1+")
+    gpu: float | None = Field(
+        default=None,
+        ge=0,
+        description="the busy fraction of the replica's GPUs 0..1+ (a share's: of its "
+        "share), sent with cpu and memory by an agent that can measure its devices; None: "
+        "not measured (left out of the JSON then)",
+    )
     at: float
     message: str = Field(default="", max_length=1024)
     node: str = Field(
@@ -181,7 +189,17 @@ class TaskReport(_Wire):
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("healthy", "exit_code"):
+            for name in ("healthy", "exit_code", "gpu"):
                 if data.get(name, 0) is None:
                     del data[name]
         return data
+
+
+class GroupUsage(NamedTuple):
+    """A group's mean utilisation: cpu and memory (0.0 when no replica said), and
+    gpu, None when no replica's agent measured its devices (a group without GPUs,
+    or GPUs only declared): unknown is not idle."""
+
+    cpu: float
+    memory: float
+    gpu: float | None = None

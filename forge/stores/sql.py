@@ -23,6 +23,7 @@ from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
 from forge.stores.base import (
     AssignmentRow,
     Fence,
+    GroupUsage,
     GroupVersion,
     JobChange,
     JobPage,
@@ -253,10 +254,11 @@ class SqlReads:
             for s, w, st, c, m, at, msg, n, h, code in rows
         ]
 
-    def group_usage(self, cluster: str, since: float) -> dict[str, tuple[float, float]]:
+    def group_usage(self, cluster: str, since: float) -> dict[str, GroupUsage]:
         rows = self._all(
             self._q(
-                "SELECT workload_id, cpu, memory FROM latest_usage WHERE cluster = ? AND at >= ?"
+                "SELECT workload_id, cpu, memory, gpu FROM latest_usage"
+                " WHERE cluster = ? AND at >= ?"
             ),
             (cluster, since),
         )
@@ -265,13 +267,15 @@ class SqlReads:
     def latest_usage(self, cluster: str, after: str = "", limit: int = 5000) -> list[TaskReport]:
         rows = self._all(
             self._q(
-                "SELECT seq, workload_id, status, cpu, memory, at, message, node"
+                "SELECT seq, workload_id, status, cpu, memory, gpu, at, message, node"
                 " FROM latest_usage WHERE cluster = ? AND workload_id > ?"
                 " ORDER BY workload_id LIMIT ?"
             ),
             (cluster, after, max(limit, 0)),
         )
         return [
-            TaskReport(seq=s, workload_id=w, status=st, cpu=c, memory=m, at=at, message=msg, node=n)
-            for s, w, st, c, m, at, msg, n in rows
+            TaskReport(
+                seq=s, workload_id=w, status=st, cpu=c, memory=m, gpu=g, at=at, message=msg, node=n
+            )
+            for s, w, st, c, m, g, at, msg, n in rows
         ]

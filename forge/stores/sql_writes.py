@@ -12,7 +12,14 @@ from typing import LiteralString
 
 from forge.core.models import Job, Node, TaskGroup
 from forge.core.versions import describe_change
-from forge.stores.base import Delta, ReplicaState, TaskReport, forgets_state, next_state
+from forge.stores.base import (
+    Delta,
+    ReplicaState,
+    TaskReport,
+    forgets_state,
+    is_usage,
+    next_state,
+)
 from forge.stores.sql_dialect import Dialect, Executor, sql
 
 __all__ = [
@@ -228,28 +235,26 @@ def write_reports(
             ),
             [(cluster, w, st, n, h) for w, (st, n, h) in sorted(changed.items())],
         )
-    usage = [
-        (cluster, r.workload_id, seqs.get(i, 0), r.cpu, r.memory, r.at, r.status, r.message, r.node)
-        for i, r in enumerate(reports)
-        if r.cpu is not None or r.memory is not None
-    ]
+    usage = [_usage_row(cluster, seqs.get(i, 0), r) for i, r in enumerate(reports) if is_usage(r)]
     if usage:
         # Only reports that carry usage feed group_usage; ">=" lets the later of two
         # reports with the same timestamp win (rows go in order).
-        db.executemany(
-            sql(
-                "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, at,"
-                " status, message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (cluster, workload_id)"
-                " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu,"
-                " memory = excluded.memory, at = excluded.at, status = excluded.status,"
-                " message = excluded.message, node = excluded.node"
-                " WHERE excluded.at >= latest_usage.at",
-                dialect,
-            ),
-            usage,
-        )
+        db.executemany(sql(_UPSERT_USAGE, dialect), usage)
     return last
+
+
+_UPSERT_USAGE: LiteralString = (
+    "INSERT INTO latest_usage (cluster, workload_id, seq, cpu, memory, gpu, at, status,"
+    " message, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (cluster, workload_id)"
+    " DO UPDATE SET seq = excluded.seq, cpu = excluded.cpu, memory = excluded.memory,"
+    " gpu = excluded.gpu, at = excluded.at, status = excluded.status,"
+    " message = excluded.message, node = excluded.node WHERE excluded.at >= latest_usage.at"
+)
+
+
+def _usage_row(cluster: str, seq: int, r: TaskReport) -> tuple[object, ...]:
+    """A report's ``latest_usage`` row (``seq``: its number when it was a decision)."""
+    return (cluster, r.workload_id, seq, r.cpu, r.memory, r.gpu, r.at, r.status, r.message, r.node)
 
 
 def forget_states(db: Executor, dialect: Dialect, cluster: str, delta: Delta) -> None:

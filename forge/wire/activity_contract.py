@@ -268,6 +268,11 @@ class MetricsIn(_Msg):
 
 class MetricsOut(_Msg):
     usage: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    #: The groups whose agents measured their GPUs (absent: unknown, not idle); a
+    #: field of its own so the histories recorded before it read as they did.
+    gpu: dict[str, float] = Field(default_factory=dict)
+
+    _omit = omit_defaults("gpu")
 
 
 class GroupSpecIn(_Msg):

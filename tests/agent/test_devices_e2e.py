@@ -33,8 +33,12 @@ pytestmark = pytest.mark.slow
 CLUSTER = "devices-e2e"
 SLEEP = "import time; time.sleep(3600)"
 UUIDS = ["GPU-c0000000-0000-0000-0000-000000000000", "GPU-c1111111-1111-1111-1111-111111111111"]
-SMI = "#!/bin/sh\nprintf '%s\\n' " + " ".join(
-    f"'{i}, {u}, NVIDIA A100-SXM4-40GB, 40960'" for i, u in enumerate(UUIDS)
+#: How busy the fake says c's devices are when asked (a usage round).
+BUSY = {"gpu0": 0.7, "gpu1": 0.2}
+SMI = (
+    "#!/bin/sh\ncase \"$*\" in *utilization.gpu*) printf '%s\\n' '1, 20' '0, 70'; exit 0;; esac\n"
+    "printf '%s\\n' "
+    + " ".join(f"'{i}, {u}, NVIDIA A100-SXM4-40GB, 40960'" for i, u in enumerate(UUIDS))
 )
 
 
@@ -91,8 +95,8 @@ async def test_every_task_sees_exactly_the_gpus_of_its_binding(
     smi.write_text(SMI + "\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     for name in ("a", "b"):
-        cl.start_agent(name, *("--gpu", "A100:40960") * 3)
-    cl.start_agent("c", env={"PATH": f"{smi.parent}:/usr/bin:/bin"})
+        cl.start_agent(name, *("--gpu", "A100:40960") * 3, "--usage-every", "0.5")
+    cl.start_agent("c", "--usage-every", "0.5", env={"PATH": f"{smi.parent}:/usr/bin:/bin"})
     await eventually(cl.fc.status, lambda s: len(s.nodes) == 3, what="three agents registered")
     for job in JOBS:
         await cl.fc.submit_job(job)
@@ -130,6 +134,34 @@ async def test_every_task_sees_exactly_the_gpus_of_its_binding(
         assert len(devices) == len(set(devices)), f"{node}: a whole GPU in two replicas"
     # six whole devices and 900 milli do not fit a's and b's six: c runs GPU work
     assert on_c, "no GPU task on the agent whose GPUs nvidia-smi listed"
+    await _gpu_usage_is_measured_where_it_can_be(cl, bindings)
     logs = {n: (tmp_path / f"agent-{n}.log").read_text() for n in "abc"}
     assert "3 GPU as declared (no nvidia-smi on PATH)" in logs["a"], logs["a"]
     assert "2 GPU detected by nvidia-smi" in logs["c"], logs["c"]
+
+
+def _expected_gpu(a: Assignment, bindings: dict[str, Assignment]) -> float | None:
+    """c's replicas: their devices' busy time (a share: over the shares on its
+    device); a's and b's devices are declared, not measured: None, never 0."""
+    if a.node != "c" or not a.gpu_ids:
+        return None
+    if a.gpu_milli:
+        on = sum(b.gpu_milli for b in bindings.values() if b.node == "c" and b.gpu_ids == a.gpu_ids)
+        return round(BUSY[a.gpu_ids[0]] * 1000 / on, 4)
+    return round(sum(BUSY[d] for d in a.gpu_ids) / len(a.gpu_ids), 4)
+
+
+async def _gpu_usage_is_measured_where_it_can_be(
+    cl: AgentCluster, bindings: dict[str, Assignment]
+) -> None:
+    """Issue 33: every replica's usage sample carries the GPU utilisation its agent
+    measured (the autoscaler's ``gpu``), read from the store as the loop reads it."""
+    want = {w: _expected_gpu(a, bindings) for w, a in bindings.items()}
+    assert any(v is not None for v in want.values()), "no GPU replica on c"
+
+    async def latest() -> dict[str, float | None]:
+        return {r.workload_id: r.gpu for r in cl.store.latest_usage(CLUSTER)}
+
+    await eventually(latest, lambda got: got == want, timeout=30, what="gpu usage as measured")
+    groups = cl.store.group_usage(CLUSTER, 0)
+    assert groups["cpu/main"].gpu is None

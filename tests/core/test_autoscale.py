@@ -89,6 +89,23 @@ def test_memory_counts_too() -> None:
     assert d.reason.startswith("memory 0.90")
 
 
+def test_gpu_counts_too_and_unknown_gpu_is_not_idle() -> None:
+    """A GPU-bound group scales on its devices' busy time; a group whose GPUs are
+    not measured (gpu None) scales on cpu and memory as before."""
+    busy = GroupMetrics(cpu=0.1, memory=0.2, gpu=0.95)
+    assert busy.utilisation() == 0.95
+    d = decide(THRESHOLD, scaling(3), busy, EMPTY, now=0.0)
+    assert (d.desired, d.reason) == (4, "gpu 0.95 >= 0.80: 3 -> 4")
+    hpa = decide(TARGET, scaling(3), busy, EMPTY, now=0.0)
+    assert hpa.desired == 5  # ceil(3 * 0.95 / 0.6)
+    assert hpa.reason.startswith("gpu 0.95")
+    unmeasured = decide(THRESHOLD, scaling(3), GroupMetrics(0.1, 0.2, None), EMPTY, now=0.0)
+    assert unmeasured.desired == 2  # idle on what is known: scaled down
+    assert GroupMetrics(cpu=None, memory=None, gpu=0.4).utilisation() == 0.4
+    assert GroupMetrics(cpu=0.5, memory=0.5, gpu=math.nan).utilisation() == 0.5
+    assert GroupMetrics(cpu=0.5, memory=0.2, gpu=0.5)._dominant() == ("cpu", 0.5)  # tie: cpu
+
+
 def test_step_is_honoured_and_clamped() -> None:
     policy = AutoscalePolicy(step=3)
     assert decide(policy, scaling(2), cpu(0.9), EMPTY, 0.0).desired == 5

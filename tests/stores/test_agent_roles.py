@@ -453,6 +453,7 @@ reports = st.builds(
     status=st.sampled_from(["running", "failed", "exited"]),
     cpu=st.none() | st.sampled_from([0.0, 0.5, 1.25]),
     memory=st.none() | st.floats(0, 4, allow_nan=False),
+    gpu=st.none() | st.sampled_from([0.0, 0.3, 1.5]),
     at=st.integers(0, 4).map(float),  # ties: the later of two equal times wins
     message=st.sampled_from(["", "started ports http=8080", "exit status 1"]),
     node=st.just("n1"),
@@ -504,6 +505,11 @@ def test_the_report_function_refuses_what_a_task_report_may_not_hold(cluster: Cl
     bad = [
         {"workload_id": "web/front/0", "status": "weird", "at": 1, "node": "n1"},
         {"workload_id": "web/front/0", "status": "running", "at": 1, "node": "n1", "cpu": -1},
+        *(
+            {"workload_id": "web/front/0", "status": "running", "at": 1, "node": "n1", "cpu": 0.5}
+            | {"gpu": gpu}
+            for gpu in (-0.1, "0.5", True)
+        ),
         {"workload_id": "web/front/0", "status": "running", "at": "1", "node": "n1"},
         {
             "workload_id": "web/front/0",

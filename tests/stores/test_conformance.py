@@ -306,7 +306,7 @@ def test_the_same_fence_again_is_a_retry_that_reapplies_nothing(store: Store) ->
 
     assert (retry.applied, retry.digest) == (False, first.digest)
     assert retry.digest == delta_digest(delta)
-    assert store.group_usage(C, since=0.0) == {"web/api": (0.5, 0.5)}
+    assert store.group_usage(C, since=0.0) == {"web/api": (0.5, 0.5, None)}
     assert all_assignments(store) == [bound("web", "api", 1)]
     assert store.fence(C) == Fence(1, 2)
 
@@ -484,7 +484,7 @@ def test_a_usage_sample_of_a_running_replica_does_not_move_the_watch(store: Stor
     assert store.reports_since(C, 0) == before
     assert store.reports_since(C, 1, limit=1) == []  # the watch's own query
     # ... and the samples are still there for the autoscaler and ``forge status``
-    assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.4, 0.5))}
+    assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.4, 0.5, None))}
     [latest] = store.latest_usage(C)
     assert latest.cpu == pytest.approx(0.4)
     assert (latest.at, latest.node) == (6.0, "n1")
@@ -585,16 +585,44 @@ def test_group_usage_averages_each_replicas_latest_report_since(store: Store) ->
 
     everything = store.group_usage(C, since=0.0)
     assert everything.keys() == {"web/api", "web/db", "x/y"}
-    assert everything["web/api"] == pytest.approx((0.5, 0.5))
-    assert everything["web/db"] == pytest.approx((1.0, 1.0))
-    assert everything["x/y"] == pytest.approx((0.3, 0.0))
+    assert everything["web/api"] == pytest.approx((0.5, 0.5, None))
+    assert everything["web/db"] == pytest.approx((1.0, 1.0, None))
+    assert everything["x/y"] == pytest.approx((0.3, 0.0, None))
 
     recent = store.group_usage(C, since=16.0)  # replica 1's usage (at 15) is too old
     assert recent.keys() == {"web/api", "x/y"}
-    assert recent["web/api"] == pytest.approx((0.6, 0.8))
-    assert store.group_usage(C, since=20.0)["web/api"] == pytest.approx((0.6, 0.8))
+    assert recent["web/api"] == pytest.approx((0.6, 0.8, None))
+    assert store.group_usage(C, since=20.0)["web/api"] == pytest.approx((0.6, 0.8, None))
     assert store.group_usage(C, since=100.0) == {}
     assert store.group_usage("other", since=0.0) == {}
+
+
+def test_gpu_utilisation_is_averaged_over_the_replicas_that_measured_it(store: Store) -> None:
+    """A group's gpu is the mean over replicas whose agent measured their devices
+    (None when none did: unknown, not idle); it rides with a usage sample and is
+    replaced by the replica's next one, measured or not."""
+    gpu = [
+        usage("gpu/a/0", 1.0, cpu=0.1, memory=0.1).model_copy(update={"gpu": 0.9}),
+        usage("gpu/a/1", 1.0, cpu=0.1, memory=0.1).model_copy(update={"gpu": 0.5}),
+        usage("gpu/a/2", 1.0, cpu=0.1, memory=0.1),  # declared GPUs: not measured
+        usage("gpu/b/0", 1.0, cpu=0.2, memory=0.2),
+        # gpu alone is no usage sample: kept nowhere
+        TaskReport(workload_id="gpu/c/0", status="running", at=1.0, gpu=0.7),
+    ]
+    store.report(C, gpu)
+    found = store.group_usage(C, since=0.0)
+    assert found == {
+        "gpu/a": pytest.approx((0.1, 0.1, 0.7)),
+        "gpu/b": pytest.approx((0.2, 0.2, None)),
+    }
+    assert [(r.workload_id, r.gpu) for r in store.latest_usage(C)] == [
+        ("gpu/a/0", 0.9),
+        ("gpu/a/1", 0.5),
+        ("gpu/a/2", None),
+        ("gpu/b/0", None),
+    ]
+    store.report(C, [usage("gpu/a/0", 2.0, cpu=0.1, memory=0.1)])  # no longer measured
+    assert store.group_usage(C, since=0.0)["gpu/a"].gpu == pytest.approx(0.5)
 
 
 def test_group_usage_forgets_released_replicas(store: Store) -> None:
@@ -603,7 +631,7 @@ def test_group_usage_forgets_released_replicas(store: Store) -> None:
         C, [usage("web/api/0", 1.0, cpu=0.9, memory=0.9), usage("web/api/1", 1.0, 0.1, 0.1)]
     )
     store.apply_delta(C, Fence(1, 2), Delta(release=["web/api/0"]))
-    assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.1, 0.1))}
+    assert store.group_usage(C, since=0.0) == {"web/api": pytest.approx((0.1, 0.1, None))}
     assert store.reports_since(C, 0) == []  # samples never were decisions
 
 
@@ -731,7 +759,7 @@ def test_a_durable_store_survives_reopening(durable_backend: Backend) -> None:
     assert again.assignments(C) == delta.bind
     assert again.nodes(C) == [make_node("n1")]
     assert again.expired_nodes(C, before=10.0) == ["n1"]
-    assert again.group_usage(C, since=0.0) == {"a/api": pytest.approx((0.25, 0.75))}
+    assert again.group_usage(C, since=0.0) == {"a/api": pytest.approx((0.25, 0.75, None))}
     assert again.put_job(C, make_job("c")) == 4
     # the replica's state survived too: the same "running" again is not news
     assert again.report(C, [TaskReport(workload_id="a/api/0", status="running", at=7.0)]) == 1

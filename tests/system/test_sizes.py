@@ -46,7 +46,6 @@ LONG_FUNCTIONS: dict[str, int] = {
     "forge/loaders/alibaba.py::parse_pod_csv": 63,
     "forge/services/codec_server.py::run": 66,
     "forge/services/dev.py::_session": 79,
-    "forge/stores/sql_writes.py::write_reports": 78,
 }
 
 

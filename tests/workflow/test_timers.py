@@ -117,6 +117,42 @@ async def test_autoscale_scales_up_then_respects_cooldown(
         assert (await fc.status()).summary.desired == 3
 
 
+async def test_a_gpu_bound_group_scales_on_its_gpus_an_unmeasured_one_does_not(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Through the loop's metrics activity: the same idle cpu and memory, one group's
+    GPUs busy (its agents measured them), the other's unmeasured (declared GPUs)."""
+    async with cluster(skipping_env.client) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=16000, memory=65536)])
+        scale = {"policy": "target", "interval": 60, "target": 0.6}
+        for name in ("infer", "twin"):
+            await fc.submit_job(job(name, replicas=2, autoscale=scale))
+
+        def sample(name: str, gpu: float | None) -> list[TaskReport]:
+            return [
+                TaskReport(
+                    workload_id=f"{name}/main/{i}",
+                    status="running",
+                    cpu=0.5,
+                    memory=0.5,
+                    gpu=gpu,
+                    at=time.time(),
+                )
+                for i in range(2)
+            ]
+
+        store.report(fc.cluster, sample("infer", 0.9) + sample("twin", None))
+        await skipping_env.sleep(61)
+        await eventually_status(fc, lambda s: s.summary.desired == 5)
+        desired = {}
+        for name in ("infer", "twin"):
+            spec = store.get_job(fc.cluster, name)
+            assert spec is not None
+            desired[name] = spec.groups[0].scaling.desired
+        # infer: ceil(2 * 0.9 / 0.6) = 3 on its gpu; twin: 0.5 / 0.6 within tolerance
+        assert desired == {"infer": 3, "twin": 2}, desired
+
+
 async def test_continue_as_new_keeps_state_and_loses_no_signal(
     skipping_env: WorkflowEnvironment,
 ) -> None:

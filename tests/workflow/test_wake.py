@@ -70,7 +70,7 @@ def test_the_watch_sleeps_through_usage_samples_and_wakes_for_a_failure(store: S
         store.report(C, [_usage(f"web/main/{i % 2}", 2.0 + i, cpu=0.05 * i)])
     assert watch() == ("timeout", seq)  # nothing to decide: it ran out its time
     # ... and they are in the store, for the autoscaler (last samples: 0.9 and 0.95)
-    assert store.group_usage(C, since=0.0) == {"web/main": pytest.approx((0.925, 0.5))}
+    assert store.group_usage(C, since=0.0) == {"web/main": pytest.approx((0.925, 0.5, None))}
 
     failed = TaskReport(
         workload_id="web/main/1", status="failed", at=30.0, node="n1", message="exit 3"
@@ -133,7 +133,8 @@ async def test_usage_samples_start_no_pass_and_a_failure_restarts_the_replica(
         while time.monotonic() < deadline:
             assert await _history_length(fc) == length, "a usage sample woke the loop"
             await asyncio.sleep(0.05)
-        assert store.group_usage(fc.cluster, since=0.0) == {"web/main": pytest.approx((0.9, 0.5))}
+        usage = store.group_usage(fc.cluster, since=0.0)
+        assert usage == {"web/main": pytest.approx((0.9, 0.5, None))}
 
         # a failure is a decision: the watch returns, a pass releases the replica
         store.report(

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from forge.agent.cgroups import Cgroups
 from forge.agent.logfiles import log_path
+from forge.agent.shim import exit_path, read_exit, shimmed, unstartable
 from forge.agent.state import ProcessRecord, alive
 from forge.core.models import STOP_GRACE, TaskGroup
 from forge.core.taskenv import TaskDevices, device_env
@@ -49,8 +50,8 @@ class TaskProc:
             code = self.popen.poll()
             if code is not None:
                 self.exit_code, self.gone = code, True
-        elif not alive(self.pid, self.started):
-            self.gone = True
+        elif not alive(self.pid, self.started):  # adopted: its shim kept its status
+            self.exit_code, self.gone = read_exit(exit_path(self.log)), True
         return self.gone
 
     def describe_exit(self) -> str:
@@ -133,6 +134,22 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)  # the task is its session's leader: pgid == pid
 
 
+def _problem(task: str, argv: list[str], env: Mapping[str, str], cwd: Path) -> str:
+    """Why a task cannot start ("" when it can)."""
+    if not argv:
+        return f"task {task} has no command"
+    why = unstartable(argv[0], env, cwd)
+    return f"task {task}: cannot start {argv[0]!r}: {why}" if why else ""
+
+
+def _launch(argv: list[str], jail: Path | None, log: Path) -> list[str]:
+    """``argv`` under its shim (forge.agent.shim), in its cgroup when it has one; a
+    status an earlier run of the replica left is removed first."""
+    exit_path(log).unlink(missing_ok=True)
+    shim = shimmed(argv, exit_path(log))
+    return shim if jail is None else Cgroups.wrap(jail, shim)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -193,12 +210,12 @@ class Supervisor:
                 "FORGE_NODE": self.node,
                 **{f"FORGE_PORT_{name.upper()}": str(port) for name, port in ports.items()},
             }
-            problem = "" if argv else f"task {task.name} has no command"
+            problem = _problem(task.name, argv, env, workdir)
             if not problem:
                 try:
                     with log.open("ab") as out:
                         popen = subprocess.Popen(
-                            argv if jail is None else Cgroups.wrap(jail, argv),
+                            _launch(argv, jail, log),
                             cwd=workdir,
                             env=env,
                             stdin=subprocess.DEVNULL,

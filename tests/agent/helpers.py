@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 
+from forge.agent.shim import is_shim
 from forge.core.models import Assignment, Job, Node
 from forge.stores.base import Delta, Fence, Store
 
@@ -102,7 +103,7 @@ def local_node(node_id: str = "n1") -> Node:
 
 
 def task_processes(match: dict[str, str]) -> dict[int, str]:
-    """pid -> workload id of the live task processes whose environment has every
+    """pid -> workload id of the live task processes (not their shims) whose environment has every
     item of ``match`` (a task process: one an agent started, with FORGE_WORKLOAD_ID)."""
     return {pid: env["FORGE_WORKLOAD_ID"] for pid, env in task_environs(match).items()}
 
@@ -115,6 +116,8 @@ def task_environs(match: dict[str, str]) -> dict[int, dict[str, str]]:
         try:
             if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
+            if is_shim(proc.cmdline()):
+                continue  # the shell a task runs under (forge.agent.shim), not the task
             env = proc.environ()
         except psutil.Error:
             continue
@@ -123,13 +126,24 @@ def task_environs(match: dict[str, str]) -> dict[int, dict[str, str]]:
     return found
 
 
+def task_of(shim: int, timeout: float = 10.0) -> int:
+    """The task process a shim runs (its child: forge.agent.shim), once forked."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = psutil.Process(shim).children()
+        if children:
+            return children[0].pid
+        time.sleep(0.01)
+    raise AssertionError(f"shim {shim} started no task in {timeout}s")
+
+
 def kill_tasks(pids: Iterable[int], timeout: float = 10.0) -> None:
-    """SIGKILL each task's process group (a task leads its own session), then wait
-    until they are gone."""
+    """SIGKILL each task's process group (its shim leads its own session, the task
+    in it), then wait until they are gone."""
     pids = list(pids)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)  # in case it left its group
     deadline = time.monotonic() + timeout

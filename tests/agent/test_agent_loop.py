@@ -8,6 +8,7 @@ import signal
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from forge.agent.agent import Agent
@@ -38,7 +39,17 @@ def _reports(store: MemoryStore, wid: str) -> list[tuple[str, str]]:
 
 
 def _pids(agent: Agent, wid: str) -> list[int]:
-    return [t.pid for t in agent.supervisor.replicas[wid].tasks]
+    """The replica's task processes: each its shim's child (forge.agent.shim)."""
+    shims = [t.pid for t in agent.supervisor.replicas[wid].tasks]
+    until(lambda: all(_children(pid) or not alive(pid) for pid in shims))  # forked, or ended
+    return [child for pid in shims for child in _children(pid)]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def test_registers_heartbeats_and_runs_a_bound_replica_with_ports(store, tmp_path) -> None:
@@ -112,7 +123,7 @@ def test_a_task_that_failed_decides_though_a_sibling_exited_0_first(store, tmp_p
     job = base.model_copy(update={"groups": (g.model_copy(update={"tasks": (*g.tasks, bad)}),)})
     wid = Binder(store).bind(job, 0, "n1")
     agent.step()  # starts both
-    pids = _pids(agent, wid)
+    pids = [t.pid for t in agent.supervisor.replicas[wid].tasks]  # their shims
     until(lambda: not any(alive(pid) for pid in pids))  # both ended, unseen yet
     ended = lambda: _reports(store, wid) and _reports(store, wid)[-1][0] != "running"  # noqa: E731
     until(ended, step=agent.step)
@@ -342,7 +353,10 @@ def test_a_replica_bound_again_on_another_version_is_restarted_on_it(store, tmp_
     store.put_job("default", new)
     # the loop's persist: released and bound again in one delta, on the new version
     binder.apply(bind=[a.model_copy(update={"version": new.groups[0].version})], release=[wid])
-    until(lambda: wid in agent.supervisor.replicas and _pids(agent, wid) != first, step=agent.step)
+    until(
+        lambda: wid in agent.supervisor.replicas and _pids(agent, wid) not in ([], first),
+        step=agent.step,
+    )
     assert not any(alive(p) for p in first)
     assert [s for s, _ in _reports(store, wid)] == ["running", "running"]  # no exit reported
     agent.shutdown(stop_tasks=True)

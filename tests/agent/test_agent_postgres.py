@@ -37,6 +37,7 @@ from tests.agent.helpers import (
     command_job,
     kill_tasks,
     local_node,
+    task_of,
     task_processes,
     until,
 )
@@ -103,8 +104,8 @@ def test_the_agent_loop_runs_its_binding_through_its_role_and_no_other(
         assert beat is not None and abs(beat - time.time()) < 30
         assert _heartbeat(store, "default", "n2") is None
         assert registered == []  # its node is in the store: it read it through its role
-        (pid,) = [t.pid for t in agent.supervisor.replicas[mine].tasks]
-        os.kill(pid, signal.SIGKILL)
+        (shim,) = [t.pid for t in agent.supervisor.replicas[mine].tasks]
+        os.kill(task_of(shim), signal.SIGKILL)  # the task dies (not its shim)
         until(lambda: len(_statuses(store, "default", mine)) == 2, step=agent.step)
         assert _statuses(store, "default", mine)[1] == ("failed", "n1")
         binder.apply(release=[mine])

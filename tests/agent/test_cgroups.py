@@ -18,6 +18,7 @@ from pathlib import Path
 
 from forge.agent.cgroups import cpu_max, memory_max
 from forge.agent.limits import cgroup_problem, hard_limits
+from forge.agent.shim import is_shim
 from forge.agent.supervisor import Event, Supervisor
 from forge.core.models import TaskGroup
 
@@ -120,7 +121,8 @@ def test_without_cgroups_a_task_runs_as_it_is(tmp_path: Path) -> None:
         sup.start("web/g/0", _group(SLEEP), cpu=500, memory=64)
         pid = sup.replicas["web/g/0"].tasks[0].pid
         _until(lambda: "time.sleep" in " ".join(_cmdline(pid)))
-        assert "/bin/sh" not in _cmdline(pid)
+        assert is_shim(_cmdline(pid))  # its exit-status shim (forge.agent.shim) only:
+        assert "cgroup.procs" not in " ".join(_cmdline(pid))  # no cgroup to join
     finally:
         sup.stop_all(10)
 

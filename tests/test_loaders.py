@@ -77,7 +77,7 @@ def test_the_examples_load() -> None:
     (nightly,) = load_jobs(EXAMPLES / "nightly.yaml")
     assert nightly.schedule is not None and nightly.schedule.timezone == "Europe/Berlin"
     nodes = load_nodes(EXAMPLES / "nodes.yaml")
-    assert (evaluation.type, train.type) == ("batch", "service")
+    assert (evaluation.type, train.type) == ("batch", "batch")
     assert [g.name for g in web.groups] == ["api", "train"]
     assert any(g.request().gpu > 0 for g in train.groups)
     assert 3 <= len(nodes) <= 4

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -151,6 +152,117 @@ async def test_a_run_that_exits_3_fails_the_job_and_wait_says_which(
     timed = await asyncio.to_thread(_wait, cl, "slow", 1)
     assert timed.returncode == 124, timed.stdout + timed.stderr
     await cl.fc.stop_job("slow")
+
+
+async def test_runs_that_end_while_their_agent_is_away_keep_their_exit_status(
+    cluster: AgentCluster,
+) -> None:
+    """kill -9 of the agent in the middle of runs: a run that exits 0 while no agent
+    watches it, and one that exits 0 after a new agent adopted it, complete once
+    (never re-run: one attempt each, so a run taken for failed would fail its job);
+    one that exits 3 while the agent is away fails its job at once by that status
+    (``fail_on_exit``), where an unknown one would have been retried. The exit
+    status outlives the agent that started the run (Nomad's executor, conmon)."""
+    cl = cluster
+    cl.start_agent("a", "--cpu", "4000")  # room for the three runs at once
+    await eventually(cl.fc.status, lambda s: len(s.nodes) == 1, what="agent a registered")
+    log = cl.tmp / "runs.txt"
+    away, later = cl.tmp / "gate-away", cl.tmp / "gate-later"
+
+    def gated(gate: Path, status: int) -> str:
+        return (
+            "import os, sys, time; w = os.environ['FORGE_WORKLOAD_ID']; "
+            f"open({str(log)!r}, 'a').write('start ' + w + '\\n'); "
+            f"[time.sleep(0.05) for _ in iter(lambda: os.path.exists({str(gate)!r}), True)]; "
+            f"open({str(log)!r}, 'a').write('end ' + w + '\\n'); sys.exit({status})"
+        )
+
+    jobs = {"ok": (away, 0), "three": (away, 3), "adopted": (later, 0)}
+    for name, (gate, status) in jobs.items():
+        # fail_on_exit decides by the status: known here only if it outlived the agent
+        job = _batch(name, 1, gated(gate, status), attempts=1, fail_on_exit=(3,))
+        await cl.fc.submit_job(job)
+
+    async def lines() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+
+    await eventually(lines, lambda seen: len(seen) == 3, timeout=60, what="three runs started")
+    cl.agents["a"].send_signal(signal.SIGKILL)
+    cl.agents["a"].wait(timeout=10)
+    away.touch()  # "ok" exits 0 and "three" exits 3 with no agent watching
+    await eventually(lines, lambda seen: len(seen) == 5, timeout=30, what="two runs ended")
+    cl.start_agent("a", "--cpu", "4000")  # within the heartbeat TTL: adopts its runs
+    await eventually(
+        lambda: asyncio.to_thread(reads.job_state, cl.store, cl.name, "ok"),
+        lambda st: st is not None and st.state != "running",
+        timeout=60,
+        what="ok ended",
+    )
+    later.touch()  # "adopted" exits 0 under an agent that did not start it
+
+    for name, want in (("ok", 0), ("three", 1), ("adopted", 0)):
+        waited = await asyncio.to_thread(_wait, cl, name, 60)
+        assert waited.returncode == want, f"{name}: {waited.stdout}{waited.stderr}"
+    said = (await asyncio.to_thread(_wait, cl, "three", 5)).stdout
+    assert "three/main/0: exit status 3 is in reschedule.fail_on_exit" in said, said
+    starts = sorted(x for x in await lines() if x.startswith("start "))
+    assert starts == ["start adopted/main/0", "start ok/main/0", "start three/main/0"]  # once
+    assert cl.store.completions(cl.name) == ["adopted/main/0", "ok/main/0"]
+
+
+_FORGE = (sys.executable, "-m", "forge")
+_WAIT = ("--wait-finished", "--timeout", "150")
+
+
+async def test_the_training_example_completes_once_through_kill_9_of_worker_and_agent(
+    cluster: AgentCluster,
+) -> None:
+    """examples/train.yaml as a user runs it (``forge job run --wait-finished``): three
+    agents with two A100s each; once both gang members run, kill -9 of the worker and
+    of rank 0's agent (started again within the heartbeat TTL). The gang completes,
+    each member ran exactly once with its rank, and the waiting CLI exits 0."""
+    cl = cluster
+    gpus = ("--gpu", "A100:40960") * 2
+    big = ("--cpu", "16000", "--memory", "65536", "--label", "gpu-model=A100", *gpus)
+    for name in "abc":
+        cl.start_agent(name, *big)
+    await eventually(cl.fc.status, lambda s: len(s.nodes) == 3, what="three agents registered")
+    run = asyncio.create_task(
+        asyncio.to_thread(
+            subprocess.run,
+            [*_FORGE, "job", "run", str(ROOT / "examples" / "train.yaml"), *_WAIT],
+            env={**os.environ, **cl.env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=210,
+        )
+    )
+
+    def said(node: str, ordinal: int) -> list[str]:
+        log = cl.tmp / f"agent-{node}" / "logs" / "train" / "workers" / str(ordinal) / "worker.log"
+        return [x for x in (log.read_text() if log.exists() else "").splitlines() if "rank" in x]
+
+    async def ranks() -> dict[int, list[tuple[str, str]]]:
+        return {o: [(n, x) for n in "abc" for x in said(n, o)] for o in (0, 1)}
+
+    started = await eventually(
+        ranks, lambda r: all(r.values()), timeout=90, what="both members running"
+    )
+    rank0 = started[0][0][0]  # rank 0's node
+    cl.worker.kill9()
+    cl.agents[rank0].send_signal(signal.SIGKILL)
+    cl.agents[rank0].wait(timeout=10)
+    cl.new_worker()
+    cl.start_agent(rank0, *big)  # adopts its member, whether it still runs or ended
+
+    done = await run
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "train: complete: 2/2 runs complete" in done.stdout, done.stdout
+    final = await ranks()
+    assert {o: len(lines) for o, lines in final.items()} == {0: 1, 1: 1}, final  # once each
+    assert final[0][0][1].startswith("rank 0 of 2") and final[1][0][1].startswith("rank 1 of 2")
+    assert cl.store.completions(cl.name) == ["train/workers/0", "train/workers/1"]
 
 
 def _run_waiting(

@@ -92,19 +92,25 @@ class DetectedGpu:
 GPU_QUERY = "index,uuid,name,memory.total"
 
 
+def nvidia_smi(query: str, timeout: float) -> str:
+    """``nvidia-smi``'s CSV (no header, no units) for ``--query-gpu=query``; raises
+    OSError / SubprocessError when it cannot answer."""
+    return subprocess.run(
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    ).stdout
+
+
 def detect_gpus() -> tuple[list[DetectedGpu], str]:
     """The machine's GPUs from ``nvidia-smi``'s CSV, and why none when there are
     none (a start-up line, never a crash)."""
     if shutil.which("nvidia-smi") is None:
         return [], "no nvidia-smi on PATH"
     try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
+        out = nvidia_smi(GPU_QUERY, timeout=10)
     except (OSError, subprocess.SubprocessError) as err:
         return [], f"nvidia-smi failed: {err}"
     gpus = []

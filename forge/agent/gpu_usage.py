@@ -25,6 +25,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from forge.agent.config import nvidia_smi
+
 __all__ = ["BUSY_QUERY", "BusyMeter", "parse_busy", "replica_gpu", "shares_on"]
 
 #: ``nvidia-smi``'s CSV columns for a usage round.
@@ -75,13 +77,7 @@ def shares_on(bound: Iterable[tuple[Sequence[str], int]]) -> dict[str, int]:
 
 
 def _nvidia_smi() -> str:
-    return subprocess.run(
-        ["nvidia-smi", f"--query-gpu={BUSY_QUERY}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=5,
-        check=True,
-    ).stdout
+    return nvidia_smi(BUSY_QUERY, timeout=5)
 
 
 class BusyMeter:

@@ -20,3 +20,17 @@ async def skipping_env(test_server_bin: str) -> AsyncIterator[WorkflowEnvironmen
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest_asyncio.fixture
+async def dev_env(temporal_cli: str) -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server of the test's own: unlike the time-skipping one, describe() shows
+    the pending workflow task's attempt (how the watchdog sees a failing task), and it
+    takes the cancel of an activity that completed as the cancel was sent."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli, data_converter=data_converter()
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()

@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
@@ -60,19 +59,6 @@ class _Fakes:
             return []
 
         return [submit, wait, stop, prune]
-
-
-@pytest_asyncio.fixture(scope="module")
-async def dev_env(temporal_cli: str) -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server (the time-skipping one refuses the cancel of an activity that
-    completed as the cancel was sent, which a real server takes in its stride)."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_cli, data_converter=data_converter()
-    )
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 def _firing() -> p.Firing:

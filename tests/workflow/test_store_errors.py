@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -27,7 +26,6 @@ from forge.stores import MemoryStore, StoreError
 from forge.stores.base import ApplyResult, Delta, Fence
 from forge.wire import activity_contract as ac
 from forge.wire import contract as c
-from forge.wire.codec import data_converter
 from tests.workflow.harness import cluster, default_options, job, node
 
 T = TypeVar("T")
@@ -148,19 +146,6 @@ async def test_a_store_error_on_persist_is_waited_out_and_the_loop_converges(
         # the loop goes on as usual
         result = await fc.submit_job(job("more", replicas=1))
         assert result.bound == 1
-
-
-@pytest_asyncio.fixture
-async def dev_env(temporal_cli: str) -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server: unlike the time-skipping one, describe() shows the pending
-    workflow task's attempt, which is how the watchdog sees a failing task."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_cli, data_converter=data_converter()
-    )
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 async def test_an_activity_error_nothing_handles_fails_the_task_not_the_workflow(

@@ -99,7 +99,9 @@ def _row(rev: int, job_id: str, job: Job, index: dict[str, int], groups: list[Ta
             at = index[key] = len(groups)
             groups.append(g)
         idx.append(at)
-    extra = {k: str(getattr(job, k)) for k in JOB_EXTRAS if getattr(job, k) != _DEFAULTS[k]}
+    extra = job.model_dump(
+        mode="json", include={k for k in JOB_EXTRAS if getattr(job, k) != _DEFAULTS[k]}
+    )
     if extra:  # (a row without keeps the shape rows had before these fields)
         return (rev, job_id, job.name, job.priority, idx, extra)
     return (rev, job_id, job.name, job.priority, idx)

@@ -11,6 +11,8 @@ then leaves the loop exactly as it was (no activity, no state), so they replay.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from temporalio import workflow
 
 from workflows import activities as acts
@@ -26,17 +28,34 @@ with workflow.unsafe.imports_passed_through():
     from forge.wire import contract as c
 
 __all__ = [
+    "SCALE_KEEPS_MAX_FAILED",
     "completions",
     "deadlines",
     "end",
+    "expired",
     "failures",
     "for_pass",
     "load_done",
+    "scale_group",
     "settle",
     "state_of",
     "take_end",
     "track",
 ]
+
+#: ``forge job scale`` keeps a batch group's ``scaling.max_failed`` (it reset it to
+#: 0 before). Asked only when scaling a group that has one, so no other history
+#: records it (hence not among the loop's ids in workflows/patches.py).
+SCALE_KEEPS_MAX_FAILED = "scale-keeps-max-failed"
+
+
+def scale_group(job: Job, group: str, count: int) -> Job:
+    """``job`` with ``group`` scaled to ``count`` (an update handler's, in the task
+    that runs it: a patch marker is recorded there)."""
+    g = job.group(group)
+    if g is None or not g.scaling.max_failed:
+        return job.with_desired(group, count)
+    return job.with_desired(group, count, keep=workflow.patched(SCALE_KEEPS_MAX_FAILED))
 
 
 def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -> None:
@@ -51,6 +70,8 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
             _forget_failed(st, job_id, old)
         if job.active_deadline is not None and job_id not in st.batch_started:
             st.batch_timing[job_id] = None  # its clock starts at the next pass
+        if old != job and (job.ttl_after_finished is not None or job_id in st.batch_finished):
+            st.batch_check[job_id] = None  # finished or not: seen after the pass
         return
     if st.batch.pop(job_id, 0) is None:
         if (job_id in st.batch_failed or job_id in st.batch_tolerated) and old is not None:
@@ -60,6 +81,7 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
         st.batch_tolerated.pop(job_id, None)
         st.batch_started.pop(job_id, None)
         st.batch_timing.pop(job_id, None)
+        st.batch_finished.pop(job_id, None)
         for key in [k for k in sorted(st.done) if k[0] == job_id]:
             del st.done[key]
 
@@ -182,10 +204,12 @@ def _tolerate(st: LoopState, plan: Plan, wid: str) -> bool:
     return True
 
 
-def settle(st: LoopState) -> bool:
-    """After a pass's persist: its completions and failures are planned; a waiting
-    gang member whose binding went (its gang restarted, its node lost) will run
-    again; a job that failed in it ends (:func:`end`). True: a pass must follow."""
+def settle(st: LoopState, now: float) -> bool:
+    """After a pass's persist: its completions and failures are planned (and the
+    jobs they finished noted, :func:`_finished`); a waiting gang member whose
+    binding went (its gang restarted, its node lost) will run again; a job that
+    failed in it ends (:func:`end`). True: a pass must follow."""
+    _finished(st, now)
     st.completed = {}
     st.why_failed = {}
     st.failed = {}
@@ -202,6 +226,52 @@ def settle(st: LoopState) -> bool:
             st.batch_ended[job_id] = None
         again = again or job_id not in st.batch_ended
     return again
+
+
+def _finished(st: LoopState, now: float) -> None:
+    """Note when each batch job with ``ttl_after_finished`` finished (complete or
+    failed), or that it is running again (scaled up, a failed one changed): only
+    the jobs this pass touched (a run ended, the spec changed, a deadline passed),
+    so bounded by them and their runs; nothing at all for jobs without a ttl."""
+    touched = st.batch_check
+    for wid in (*st.completed, *st.failed) if st.batch else ():
+        touched[wid.split("/", 1)[0]] = None
+    for job_id in sorted(touched):
+        job = st.jobs.get(job_id)
+        if job is not None and job.ttl_after_finished is not None and _over(st, job):
+            st.batch_finished.setdefault(job_id, now)
+        else:
+            st.batch_finished.pop(job_id, None)
+    st.batch_check = {}
+
+
+def _over(st: LoopState, job: Job) -> bool:
+    """Whether ``job`` is failed or complete (:func:`state_of`'s verdict), in
+    O(groups): the done ordinals are those below each group's desired count."""
+    if job.id in st.batch_failed:
+        return True
+    tolerated = st.batch_tolerated.get(job.id, {})
+    return all(
+        len(st.done.get((job.id, g.name), ())) + tolerated.get(g.name, 0) >= g.scaling.desired
+        for g in job.groups
+    )
+
+
+def expired(st: LoopState, now: float, queued: Container[str]) -> list[str]:
+    """The finished jobs whose ``ttl_after_finished`` has passed, for the loop to
+    delete as ``forge job stop`` does (the store drops their completions with them),
+    as a Kubernetes Job's ``ttlSecondsAfterFinished``. One with a write queued is
+    left to it (a user's change may try it again). Bounded by the finished jobs
+    with a ttl."""
+    out = []
+    for job_id, t in st.batch_finished.items():
+        ttl = getattr(st.jobs.get(job_id), "ttl_after_finished", None)
+        if ttl is not None and now >= t + ttl and job_id not in queued:
+            out.append(job_id)
+    for job_id in out:
+        del st.batch_finished[job_id]
+        workflow.logger.info("removing job %s: its ttl_after_finished passed", job_id)
+    return out
 
 
 def deadlines(st: LoopState, now: float) -> None:
@@ -228,6 +298,7 @@ def deadlines(st: LoopState, now: float) -> None:
             continue
         why = f"active_deadline {job.active_deadline:g} s passed: its runs were stopped"
         st.batch_failed[job_id] = why
+        st.batch_check[job_id] = None
         end(st, job_id)
 
 

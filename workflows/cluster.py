@@ -255,17 +255,17 @@ class ClusterWorkflow(Presentation):
         self._details()
 
     async def _pass(self, rec: ac.Intake | None = None) -> None:
-        """Take what arrived, load, plan, persist, commit. With an intake, its
-        recorded clock and watch news; else (a run recorded before intakes) the
-        clock and the watch as they are."""
+        """Take what arrived, load, plan, persist, commit: with an intake's recorded
+        clock and watch news, else (a run recorded before intakes) as they are now."""
         self.dirty = False
         # asked every pass, as the other patches are (a run's history names them all)
         self.local_writes = workflow.patched(patches.JOB_WRITES_LOCAL)
         self.st.batch_ends = workflow.patched(patches.FAILED_BATCH_JOB_ENDS)
         now = self.pass_now = rec.now if rec is not None else workflow.now().timestamp()
-        nodes_upsert, nodes_remove = self._take_news(
-            rec.watch if rec is not None else self.watch.done()
-        )
+        watched = rec.watch if rec is not None else self.watch.done()
+        nodes_upsert, nodes_remove = self._take_news(watched)
+        for job_id in batch.expired(self.st, now, self.queue.queued):  # ttl_after_finished
+            self._queue_job(job_id, None)
         written = await self._load(now)
         # taken before planning: reconcile updates the bindings (the carry's) in place
         status_changed = [w for w in self.st.status_updates if w in self.st.bindings]
@@ -460,7 +460,7 @@ class ClusterWorkflow(Presentation):
         st.failures = plan.failures
         st.preemptions, st.recent_preemptions = st.preemptions_after(plan)
         st.commit_rollouts(plan, status_changed, now, checks=True)
-        self.dirty = batch.settle(st) or self.dirty  # (it clears ``failed``)
+        self.dirty = batch.settle(st, now) or self.dirty  # (it clears ``failed``)
         st.status_updates = {}
         # (freed: only a pass that preempted, so only under PREEMPTION)
         st.capacity_changed = plan.freed

@@ -15,6 +15,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
+from workflows.batch import scale_group
 from workflows.inputs import (
     Payload,
     busy,
@@ -55,8 +56,7 @@ JOB_UNITS = 200
 #: A dropped signal (bad payload, unknown name) is counted and published by a pass.
 #: Folded into the baseline (no longer branched on); the name stays for importers.
 PATCH_DROPPED_SIGNALS = "dropped-signals-1"
-#: Rejected items of one register_node signal shown one by one in the worker log.
-LOGGED_ITEMS = 20
+LOGGED_ITEMS = 20  # rejected items of one register_node signal logged one by one
 
 
 class Handlers:
@@ -317,7 +317,7 @@ class Handlers:
             job = self._current(req.job_id)
             if job is None or job.group(req.group) is None:
                 raise not_found(f"no group {req.job_id}/{req.group}")
-            scaled = job.with_desired(req.group, req.count)
+            scaled = scale_group(job, req.group, req.count)
             seq = self.mail.post(JobWrite(req.job_id, scaled, json_size(scaled)))
             await self._backpressure(seq, wait=True)
             return self._result(req.job_id)
@@ -326,7 +326,7 @@ class Handlers:
         job = self.queue.current(req.job_id, self.st.jobs)  # again: it may have changed
         if job is None or job.group(req.group) is None:
             raise not_found(f"no group {req.job_id}/{req.group}")
-        ticket = self._queue_job(req.job_id, job.with_desired(req.group, req.count))
+        ticket = self._queue_job(req.job_id, scale_group(job, req.group, req.count))
         return await self._settle(req.job_id, ticket, wait=True)
 
     @scale.validator

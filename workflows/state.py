@@ -2,10 +2,9 @@
 it hands the next.
 
 Nodes, jobs and bindings are not in the checkpoint: every pass persists them to the
-store before a continue-as-new, and a new run reloads them in pages
-(``workflows.loading``), so the checkpoint does not grow with the cluster. What a
-pass decides from is here; what only the running loop needs (its queue, its watch,
-its wake-up flags) stays on the workflow.
+store, and a new run reloads them in pages (``workflows.loading``), so the
+checkpoint does not grow with the cluster. What a pass decides from is here; what
+only the running loop needs (its queue, its watch, its wake-ups) stays on the workflow.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.wire import views
 
 __all__ = ["LoopState", "binding_from_row", "binding_row", "hash_binding", "worker_clock"]
+_CLOCKS = (("batch_started", "active_deadline"), ("batch_finished", "ttl_after_finished"))
 
 
 @dataclass(eq=False)
@@ -114,6 +114,8 @@ class LoopState:
     batch_tolerated: dict[str, dict[str, int]] = field(default_factory=dict)  # max_failed
     batch_started: dict[str, float] = field(default_factory=dict)  # active_deadline's start
     batch_timing: dict[str, None] = field(default_factory=dict)  # deadlines to start
+    batch_finished: dict[str, float] = field(default_factory=dict)  # ttl_after_finished's
+    batch_check: dict[str, None] = field(default_factory=dict)  # finished? (this pass)
     batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
 
     @classmethod
@@ -151,6 +153,7 @@ class LoopState:
             batch_ended=dict(cp.batch_ended),
             batch_tolerated={j: dict(g) for j, g in cp.batch_tolerated.items()},
             batch_started=dict(cp.batch_started),
+            batch_finished=dict(cp.batch_finished),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -187,6 +190,7 @@ class LoopState:
             batch_ended=self.batch_ended,
             batch_tolerated=self.batch_tolerated,
             batch_started=self.batch_started,
+            batch_finished=self.batch_finished,
         )
 
     def watch_input(self) -> ac.WatchIn:
@@ -225,11 +229,11 @@ class LoopState:
                     wake, why = t, "autoscale tick"
         if self.rollout_wake is not None and (wake is None or self.rollout_wake < wake):
             wake, why = self.rollout_wake, "rollout"
-        for job_id, t0 in self.batch_started.items():  # batch jobs with a deadline
-            limit = getattr(self.jobs.get(job_id), "active_deadline", None)
-            at = t0 + limit if limit is not None else None
-            if at is not None and (wake is None or at < wake):
-                wake, why = at, "active deadline"
+        for since, name in _CLOCKS:  # batch jobs with a deadline or a time to live
+            for job_id, t0 in getattr(self, since).items():
+                limit = getattr(self.jobs.get(job_id), name, None)
+                if limit is not None and (wake is None or t0 + limit < wake):
+                    wake, why = t0 + limit, name.replace("_", " ")
         resync = self.last_resync + self.opts.resync_seconds
         if wake is None or resync < wake:
             return resync, "job resync"

@@ -139,13 +139,21 @@ def kind_defaults(data: object) -> object:
 
 
 def check_kind(
-    job_type: str, groups: Sequence[_Group], active_deadline: float | None = None
+    job_type: str,
+    groups: Sequence[_Group],
+    active_deadline: float | None = None,
+    ttl_after_finished: float | None = None,
 ) -> None:
     """Refuse what a job of ``job_type`` cannot have, naming the field: a batch
     group's autoscale, update, or parallelism on a gang (its members run together);
-    parallelism on a service (it keeps every replica up); a service's deadline."""
-    if active_deadline is not None and job_type != "batch":
-        raise ValueError("active_deadline: only a batch job ends; a service runs until stopped")
+    parallelism on a service (it keeps every replica up); a service's deadline or
+    time to live after it finishes (it never does)."""
+    for name, value in (
+        ("active_deadline", active_deadline),
+        ("ttl_after_finished", ttl_after_finished),
+    ):
+        if value is not None and job_type != "batch":
+            raise ValueError(f"{name}: only a batch job ends; a service runs until stopped")
     for i, g in enumerate(groups):
         if g.scaling.max_failed and (job_type != "batch" or g.gang):
             raise ValueError(

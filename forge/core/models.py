@@ -208,15 +208,9 @@ class Task(Evolving):
 
 class TaskGroup(Evolving):
     _new_fields = (
-        "tolerations",
-        "update",
-        "disruption",
-        "distinct_hosts",
-        "spread",
-        "gang",
-        "on_member_loss",
-        "rendezvous",
-    )
+        "tolerations", "update", "disruption", "distinct_hosts", "spread", "gang",
+        "on_member_loss", "rendezvous",
+    )  # fmt: skip
 
     name: Name
     tasks: tuple[Task, ...] = Field(min_length=1, max_length=MAX_TASKS)
@@ -235,7 +229,6 @@ class TaskGroup(Evolving):
     distinct_hosts: Bool = False
     #: Spread the replicas over node label values (forge.core.placement.topology).
     spread: tuple[SpreadRule, ...] = Field(default=(), max_length=8)
-
     #: All or nothing: the missing replicas are bound together or not at all
     #: (Kueue, Volcano's PodGroup, the coscheduling plugin; forge.core.placing).
     gang: Bool = False
@@ -335,7 +328,7 @@ class TaskGroup(Evolving):
 
 
 class Job(Evolving):
-    _new_fields = ("preemption", "type", "schedule", "active_deadline")
+    _new_fields = ("preemption", "type", "schedule", "active_deadline", "ttl_after_finished")
 
     id: Name = Field(default="", validate_default=False)
     name: Name
@@ -347,8 +340,10 @@ class Job(Evolving):
     groups: tuple[TaskGroup, ...] = Field(min_length=1, max_length=MAX_GROUPS)
     #: A batch job run by a Temporal Schedule, an instance per firing (forge.core.periodic).
     schedule: Schedule | None = None
-    #: batch only: seconds from the loop's first sight of the job until it fails (kinds)
+    #: batch only (kinds): seconds from the loop's first sight until it fails; seconds
+    #: from its end (complete or failed) until the loop removes it and its records
     active_deadline: Seconds | None = None
+    ttl_after_finished: Seconds | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -371,7 +366,7 @@ class Job(Evolving):
 
     @model_validator(mode="after")
     def _kind_rules(self) -> Self:
-        check_kind(self.type, self.groups, self.active_deadline)
+        check_kind(self.type, self.groups, self.active_deadline, self.ttl_after_finished)
         check_periodic(self.name, self.type, self.schedule)
         return self
 
@@ -394,13 +389,17 @@ class Job(Evolving):
                 return g
         return None
 
-    def with_desired(self, group: str, desired: int) -> Job:
-        """A copy with one group's desired count changed (bounds widened to fit)."""
+    def with_desired(self, group: str, desired: int, *, keep: bool = True) -> Job:
+        """A copy with one group's desired count changed (bounds widened to fit); the
+        rest of its scaling policy kept (``keep=False``: ``max_failed`` dropped, as
+        scaling did before it kept it)."""
         groups = []
         for g in self.groups:
             if g.name == group:
-                s, lo, hi = g.scaling, min(g.scaling.min, desired), max(g.scaling.max, desired)
-                scaling = ScalingPolicy(min=lo, max=hi, desired=desired, parallelism=s.parallelism)
+                lo, hi = min(g.scaling.min, desired), max(g.scaling.max, desired)
+                new = {"min": lo, "max": hi, "desired": desired}
+                new |= {} if keep else {"max_failed": 0}
+                scaling = g.scaling.model_copy(update=new)
                 g = g.model_copy(update={"scaling": scaling})
             groups.append(g)
         return self.model_copy(update={"groups": tuple(groups)})
@@ -410,8 +409,7 @@ def _json_bound(job: Job) -> int:
     """An upper bound on ``len(job.model_dump_json())``: every user string at its
     worst JSON escaping (6 bytes a character) plus a generous fixed cost for the
     rest of each group, constraint and task."""
-    chars = 0
-    fixed = 1024
+    chars, fixed = 0, 1024
     for g in job.groups:
         fixed += 2048
         for con in g.constraints:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
+from forge.core.periodic import Schedule
 from forge.serialize import omit_defaults
 from forge.stores.base import AssignmentRow, Delta
 
@@ -126,14 +127,17 @@ class JobChangesIn(_Msg):
 
 #: One job change in a compact page: (revision, job id, name (None: deleted),
 #: priority, the indexes of its groups in the page's ``groups``[, the job's other
-#: fields that are not their default: ``preemption``, ``type``]).
+#: fields that are not their default, as JSON: :data:`JOB_EXTRAS`]).
 JobRow = (
     tuple[int, str, str | None, int, list[int]]
-    | tuple[int, str, str | None, int, list[int], dict[str, str]]
+    | tuple[int, str, str | None, int, list[int], dict[str, Any]]
 )
 
 #: The job fields a compact row carries beside name, priority and groups, when set.
-JOB_EXTRAS = ("preemption", "type")
+#: Every other field of ``Job``: rows carried only the first two until the batch
+#: fields came, and a job loaded from a page lost ``active_deadline`` (so after a
+#: continue-as-new or a resync, its deadline never came).
+JOB_EXTRAS = ("preemption", "type", "schedule", "active_deadline", "ttl_after_finished")
 
 
 class JobsPage(_Msg):
@@ -157,6 +161,8 @@ class JobsPage(_Msg):
                 continue
             shared = tuple(groups[i] for i in idx)
             extra: dict[str, Any] = dict(row[5]) if len(row) > 5 else {}
+            if extra.get("schedule") is not None:  # the one extra that is a model
+                extra["schedule"] = Schedule.model_validate(extra["schedule"])
             job = Job.model_construct(
                 id=job_id, name=name, priority=priority, groups=shared, **extra
             )

@@ -243,6 +243,8 @@ class Checkpoint(_Msg):
     batch_tolerated: dict[str, dict[str, int]] = Field(default_factory=dict)
     #: when the loop first saw each batch job with an active_deadline still running
     batch_started: dict[str, float] = Field(default_factory=dict)
+    #: when each batch job with a ttl_after_finished finished (workflows.batch)
+    batch_finished: dict[str, float] = Field(default_factory=dict)
 
     _omit = omit_defaults(
         "exited",
@@ -250,6 +252,7 @@ class Checkpoint(_Msg):
         "batch_ended",
         "batch_tolerated",
         "batch_started",
+        "batch_finished",
         "health",
         "max_work",
         "preemptions",

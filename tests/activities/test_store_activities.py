@@ -18,7 +18,14 @@ from forge.core.models import GpuDevice, Job, Node
 from forge.stores.base import Delta, Fence, TaskReport
 from forge.stores.memory import MemoryStore
 from forge.stores.sqlite import SqliteStore
-from forge.wire.activity_contract import JobChangesIn, JobsPage, PageIn, ReportsIn, ReportsOut
+from forge.wire.activity_contract import (
+    JOB_EXTRAS,
+    JobChangesIn,
+    JobsPage,
+    PageIn,
+    ReportsIn,
+    ReportsOut,
+)
 from tests.strategies import jobs
 
 
@@ -169,6 +176,24 @@ def test_a_reload_keeps_a_jobs_preemption_and_type() -> None:
     assert len(page.rows[1]) == 5  # a plain row keeps the shape it had
     again = JobsPage.model_validate_json(page.model_dump_json())  # through history
     assert dict(again.jobs()) == {"a": job, "p": plain}
+
+
+def test_a_reload_keeps_every_job_field_beside_the_groups() -> None:
+    """Every field of ``Job`` but the row's own comes back from a page: one page
+    carried only ``preemption`` and ``type``, so a batch job's ``active_deadline``
+    (and ``ttl_after_finished``) was lost at the first continue-as-new or resync."""
+    assert set(Job.model_fields) - {"id", "name", "priority", "groups"} == set(JOB_EXTRAS)
+    base = {"name": "a", "type": "batch", "groups": [{"name": "g", "tasks": [{"name": "t",
+            "resources": {"cpu": 100, "memory": 64}}]}]}  # fmt: skip
+    job = Job.model_validate(
+        {**base, "schedule": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"},
+         "active_deadline": 60, "ttl_after_finished": 30.5, "preemption": "never"}
+    )  # fmt: skip
+    page = compact_specs([(1, "a", job.model_dump_json())], 1, False)
+    again = JobsPage.model_validate_json(page.model_dump_json())  # through history
+    for loaded in (page, again):
+        ((_, got),) = loaded.jobs()
+        assert got == job and got is not None and got.schedule == job.schedule
 
 
 def test_a_report_page_keeps_each_failed_runs_last_message_and_only_while_it_stands() -> None:

@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.store_activities import StoreActivities
 from forge.client.client import ForgeClient
@@ -71,8 +72,10 @@ async def cluster(
     options: c.ClusterOptions | None = None,
     name: str | None = None,
     search_attributes: bool = False,
+    sandboxed: bool = True,
 ) -> AsyncIterator[tuple[ForgeClient, Store]]:
-    """A worker on a fresh task queue, and a client bound to a fresh cluster."""
+    """A worker on a fresh task queue, and a client bound to a fresh cluster
+    (``sandboxed=False``: workflow code as the test's monkeypatches leave it)."""
     store = store or MemoryStore()
     queue = f"tq-{uuid.uuid4().hex[:8]}"
     cname = name or f"c{uuid.uuid4().hex[:8]}"
@@ -84,6 +87,7 @@ async def cluster(
             activities=StoreActivities(store).all(),
             activity_executor=pool,
             graceful_shutdown_timeout=timedelta(seconds=1),
+            workflow_runner=SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner(),
         ):
             fc = ForgeClient(
                 client,

@@ -28,9 +28,11 @@ with workflow.unsafe.imports_passed_through():
     from forge.wire import contract as c
 
 __all__ = [
+    "REMOVED_KEPT",
     "SCALE_KEEPS_MAX_FAILED",
     "completions",
     "deadlines",
+    "done_of",
     "end",
     "expired",
     "failures",
@@ -63,6 +65,8 @@ def track(st: LoopState, job_id: str, job: Job | None, old: Job | None = None) -
     done ordinals go with it (the store deletes its completions with the job). A
     failed job whose spec changes is tried again (as Nomad runs a dead batch job's
     new version): its runs not complete may run, each with a fresh history."""
+    if job is not None:
+        st.batch_removed.pop(job_id, None)  # the id is a job again
     if job is not None and job.type == "batch":
         st.batch[job_id] = None
         ended = job_id in st.batch_failed or job_id in st.batch_tolerated
@@ -271,7 +275,26 @@ def expired(st: LoopState, now: float, queued: Container[str]) -> list[str]:
     for job_id in out:
         del st.batch_finished[job_id]
         workflow.logger.info("removing job %s: its ttl_after_finished passed", job_id)
+        _remember(st, job_id)
     return out
+
+
+#: Removed jobs whose last state the loop keeps (published, in the checkpoint).
+REMOVED_KEPT = 100
+
+
+def _remember(st: LoopState, job_id: str) -> None:
+    """Keep the last state of a job removed by its ttl, so a ``forge job wait`` that
+    polls after the removal still reads how it ended (Kubernetes' waiters see a
+    deleted Job instead). The most recent :data:`REMOVED_KEPT`; one O(runs) count."""
+    state, job = state_of(st, job_id), st.jobs.get(job_id)
+    if state is None or job is None:
+        return
+    ttl = f"removed {job.ttl_after_finished:g} s after it finished (ttl_after_finished)"
+    st.batch_removed.pop(job_id, None)
+    st.batch_removed[job_id] = state.model_copy(update={"what": f"{state.what}; {ttl}"})
+    while len(st.batch_removed) > REMOVED_KEPT:
+        del st.batch_removed[next(iter(st.batch_removed))]
 
 
 def deadlines(st: LoopState, now: float) -> None:
@@ -346,6 +369,12 @@ async def load_done(st: LoopState) -> None:
         if page.next_after is None:
             return
         after = page.next_after
+
+
+def done_of(st: LoopState, wid: str) -> set[int]:
+    """The done ordinals of ``wid``'s group (the ``explain`` query's)."""
+    parts = wid.rsplit("/", 2)
+    return st.done.get((parts[0], parts[1]), set()) if len(parts) == 3 else set()
 
 
 def state_of(st: LoopState, job_id: str) -> c.JobState | None:

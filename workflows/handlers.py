@@ -15,7 +15,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
-from workflows.batch import scale_group
+from workflows.batch import done_of, scale_group
 from workflows.inputs import (
     Payload,
     busy,
@@ -528,15 +528,15 @@ class Handlers:
     def explain(self, wid: str) -> c.Explanation:
         st = self.st
         e = st.pending.get(wid)
-        shown = views.pending_views({wid: e})[0][0] if e is not None else None
         return views.explanation(
             wid,
             binding=st.bindings.get(wid),
-            pending=shown,
+            pending=views.pending_views({wid: e})[0][0] if e is not None else None,
             job=st.jobs.get(wid.rsplit("/", 2)[0]),
             nodes=st.nodes.values(),
             bindings=st.bindings.values(),
             preemptions=st.recent_preemptions,
+            done=done_of(st, wid),
         )
 
     def _summary(self) -> c.Summary:

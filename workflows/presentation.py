@@ -40,7 +40,7 @@ class Presentation(Handlers):
         a run without the job."""
         if not self.ready:
             raise encode_query(Busy("the run is loading its state from the store; ask again"))
-        found = batch.state_of(self.st, job_id)
+        found = batch.state_of(self.st, job_id) or self.st.batch_removed.get(job_id)
         if found is None:
             raise encode_query(NotFound(f"unknown job {job_id!r}"))
         return found
@@ -74,6 +74,8 @@ class Presentation(Handlers):
         )
         if st.batch_failed:
             doc = doc.model_copy(update={"failed_jobs": dict(sorted(st.batch_failed.items()))})
+        if st.batch_removed:  # bounded: batch.REMOVED_KEPT
+            doc = doc.model_copy(update={"removed_jobs": dict(st.batch_removed)})
         if st.batch_tolerated:  # bounded by the jobs with a run failed within max_failed
             tolerated = {j: sum(g.values()) for j, g in sorted(st.batch_tolerated.items())}
             doc = doc.model_copy(update={"tolerated_failures": tolerated})

@@ -116,6 +116,7 @@ class LoopState:
     batch_timing: dict[str, None] = field(default_factory=dict)  # deadlines to start
     batch_finished: dict[str, float] = field(default_factory=dict)  # ttl_after_finished's
     batch_check: dict[str, None] = field(default_factory=dict)  # finished? (this pass)
+    batch_removed: dict[str, c.JobState] = field(default_factory=dict)  # by their ttl
     batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
 
     @classmethod
@@ -154,6 +155,7 @@ class LoopState:
             batch_tolerated={j: dict(g) for j, g in cp.batch_tolerated.items()},
             batch_started=dict(cp.batch_started),
             batch_finished=dict(cp.batch_finished),
+            batch_removed=dict(cp.batch_removed),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -191,6 +193,7 @@ class LoopState:
             batch_tolerated=self.batch_tolerated,
             batch_started=self.batch_started,
             batch_finished=self.batch_finished,
+            batch_removed=self.batch_removed,
         )
 
     def watch_input(self) -> ac.WatchIn:
@@ -297,7 +300,7 @@ class LoopState:
         rp = plan.rollouts
         if rp is None:
             return
-        self.rollouts = rp.rollouts
+        r = self.rollouts = rp.rollouts
         self.rollout_wake = rp.wake
         self.rollout_waiting = {
             k: s.waiting
@@ -306,11 +309,7 @@ class LoopState:
         }
         # promoted since the pass began (a promote update that arrived while it
         # persisted) waits for the next pass; the rest this pass took in
-        self.promoted = {
-            k: None
-            for k in self.promoted
-            if k in rp.rollouts and not rp.rollouts[k].rollout.promoted
-        }
+        self.promoted = {k: None for k in self.promoted if k in r and not r[k].rollout.promoted}
         since = dict(self.since)
         for w, _ in plan.released:
             since.pop(w, None)

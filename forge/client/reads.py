@@ -126,7 +126,15 @@ def explanation(store: Store, cluster: str, wid: str) -> c.Explanation:
         nodes=all_nodes(store, cluster),
         bindings=bindings,
         preemptions=doc.recent_preemptions if doc is not None else (),
+        done=_done(store, cluster, wid),
     )
+
+
+def _done(store: Store, cluster: str, wid: str) -> set[int]:
+    """The done ordinals of ``wid``'s group as the store records them."""
+    prefix = f"{wid.rsplit('/', 1)[0]}/"
+    runs = completed_runs(store, cluster, wid.split("/", 1)[0]) if wid.count("/") == 2 else []
+    return {int(w.rsplit("/", 1)[1]) for w in runs if w.startswith(prefix)}
 
 
 def completed_runs(store: Store, cluster: str, job_id: str, page: int = STORE_PAGE) -> list[str]:
@@ -153,8 +161,9 @@ def job_state(store: Store, cluster: str, job_id: str) -> c.JobState | None:
     completed, ``failed`` once the loop published it failed for good, else
     ``running``; ``service`` for a service job; None: no such job."""
     job = store.get_job(cluster, job_id)
-    if job is None:
-        return None
+    if job is None:  # or removed by its ttl_after_finished: its last state, published
+        doc = published(store, cluster)
+        return doc.removed_jobs.get(job_id) if doc is not None else None
 
     def ids(after: str) -> list[str]:
         return [a.workload_id for a in store.assignments(cluster, after, STORE_PAGE)]

@@ -245,6 +245,8 @@ class Checkpoint(_Msg):
     batch_started: dict[str, float] = Field(default_factory=dict)
     #: when each batch job with a ttl_after_finished finished (workflows.batch)
     batch_finished: dict[str, float] = Field(default_factory=dict)
+    #: the last state of the jobs their ttl removed, the latest REMOVED_KEPT
+    batch_removed: dict[str, JobState] = Field(default_factory=dict)
 
     _omit = omit_defaults(
         "exited",
@@ -253,6 +255,7 @@ class Checkpoint(_Msg):
         "batch_tolerated",
         "batch_started",
         "batch_finished",
+        "batch_removed",
         "health",
         "max_work",
         "preemptions",

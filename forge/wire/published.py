@@ -144,6 +144,21 @@ class RolloutView(_Msg):
     updated: int = Field(default=0, description="replicas on the new version counted healthy")
 
 
+class JobState(_Msg):
+    """The ``job_state`` query's answer: where a job stands as the loop holds it, for
+    clients without the store (a TypeScript service waiting for a batch job)."""
+
+    job_id: str
+    type: str
+    state: Literal["running", "complete", "failed", "service"] = Field(
+        description="a batch job's phase; 'service' for work that runs until stopped"
+    )
+    desired: int = Field(description="runs (a batch job) or replicas wanted")
+    complete: int = Field(description="runs complete (0 for a service)")
+    bound: int = Field(description="replicas bound now")
+    what: str = Field(description="the line forge job wait prints")
+
+
 class LoopStatus(_Msg):
     """What the loop publishes each pass that changed something: written to the
     store in the same transaction as the pass's delta, so a reader of the store
@@ -190,6 +205,12 @@ class LoopStatus(_Msg):
         "scaling.max_failed: job id -> runs (the job completes without them)",
     )
 
+    removed_jobs: dict[str, JobState] = Field(
+        default_factory=dict,
+        description="batch jobs their ttl_after_finished removed (the latest 100): job id "
+        "-> its last state (forge job wait reads it once the job is gone)",
+    )
+
     _omit = omit_defaults(
         "rollouts",
         "preemptions",
@@ -198,6 +219,7 @@ class LoopStatus(_Msg):
         "last_reset",
         "failed_jobs",
         "tolerated_failures",
+        "removed_jobs",
     )
 
 
@@ -214,26 +236,11 @@ class AssignmentsPage(_Msg):
 
 class Explanation(_Msg):
     workload_id: str
-    state: Literal["bound", "pending", "unknown"]
+    state: Literal["bound", "pending", "complete", "unknown"]
     node: str | None = None
     gpu_ids: list[str] = Field(default_factory=list)
     reasons: list[str] = Field(default_factory=list)
     nodes: list[str] = Field(default_factory=list, description="per-node verdicts (top few)")
-
-
-class JobState(_Msg):
-    """The ``job_state`` query's answer: where a job stands as the loop holds it, for
-    clients without the store (a TypeScript service waiting for a batch job)."""
-
-    job_id: str
-    type: str
-    state: Literal["running", "complete", "failed", "service"] = Field(
-        description="a batch job's phase; 'service' for work that runs until stopped"
-    )
-    desired: int = Field(description="runs (a batch job) or replicas wanted")
-    complete: int = Field(description="runs complete (0 for a service)")
-    bound: int = Field(description="replicas bound now")
-    what: str = Field(description="the line forge job wait prints")
 
 
 def job_state(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -239,19 +239,16 @@ def explanation(
     nodes: Iterable[Node],
     bindings: Iterable[Binding],
     preemptions: Sequence[c.PreemptionView] = (),
+    done: Container[int] = (),
 ) -> c.Explanation:
     """Why a replica is where it is, or why it waits: the loop's own reason when it
     published one, its part in recent preemptions, and each node's verdict for the
-    replica's request right now."""
+    replica's request right now; a batch run in its group's ``done`` is complete."""
     preempted = preemption_reasons(wid, preemptions)
     if binding is not None:
-        return c.Explanation(
-            workload_id=wid,
-            state="bound",
-            node=binding.node,
-            gpu_ids=list(binding.gpu_ids),
-            reasons=[f"bound to {binding.node} ({binding.status})", *preempted],
-        )
+        where = f"bound to {binding.node} ({binding.status})"
+        return c.Explanation(workload_id=wid, state="bound", node=binding.node,
+            gpu_ids=list(binding.gpu_ids), reasons=[where, *preempted])  # fmt: skip
     parts = wid.rsplit("/", 2)
     group = job.group(parts[1]) if job is not None and len(parts) == 3 else None
     ordinal = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else -1
@@ -259,6 +256,9 @@ def explanation(
         return c.Explanation(
             workload_id=wid, state="unknown", reasons=["not a desired replica of any job"]
         )
+    if ordinal in done:
+        why = "complete: its tasks exited 0; a batch run is not run again"
+        return c.Explanation(workload_id=wid, state="complete", reasons=[why])
     reasons: list[str] = []
     if pending is not None:
         reasons.extend(pending.reasons)

@@ -1,6 +1,7 @@
 """``ttl_after_finished``: a finished batch job removed by the loop's own timer (a
 Kubernetes Job's ``ttlSecondsAfterFinished``), and ``forge job scale`` keeping a
-batch group's ``scaling.max_failed`` (patch ``scale-keeps-max-failed``).
+batch group's ``scaling.max_failed`` (patch ``scale-keeps-max-failed``), and
+``forge explain`` of a run that completed.
 
 Time-skipping server: the removal has no report or submission to wake the loop,
 only the timer the loop set from the finish time. Each history replays; the scale
@@ -15,6 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from forge.client import reads
 from forge.core.models import Job
+from forge.wire import contract as c
 from tests.workflow.harness import cluster, default_options, node
 from tests.workflow.test_batch_end import NEVER, _replays
 from tests.workflow.test_batch_loop import batch, bound, ended, until
@@ -41,7 +43,8 @@ async def test_finished_jobs_are_removed_after_their_ttl_with_their_records(
 ) -> None:
     """A complete job and a failed one with a 1 s ttl are removed (spec and
     completions) no sooner than 1 s after they finished, through continue-as-new
-    (``limit`` 2) too; a complete one with an hour to live and one with none stay."""
+    (``limit`` 2) too; a complete one with an hour to live and one with none stay.
+    Their last state is kept (a ``forge job wait`` polling late reads it)."""
     options = default_options(**OPTIONS, max_passes_per_run=limit)
     async with cluster(skipping_env.client, options=options) as (fc, store):
         await fc.register_nodes([node("n1", cpu=8000, memory=8192)])
@@ -65,8 +68,14 @@ async def test_finished_jobs_are_removed_after_their_ttl_with_their_records(
         assert not [w for w in store.completions(fc.cluster) if w.startswith("done/")]
         assert _state(store, fc, "hour") == "complete" and _state(store, fc, "kept") == "complete"
         assert sorted(store.completions(fc.cluster)) == ["hour/main/0", "kept/main/0"]
-        with pytest.raises(Exception, match="no job 'done'"):
-            await fc.job_state("done")
+        # how they ended is still read after they are gone: a waiter that polls late
+        ttl = "removed 1 s after it finished (ttl_after_finished)"
+        queried = await fc.handle().query(c.QUERY_JOB_STATE, "bad", result_type=c.JobState)
+        for got, state in ((await fc.job_state("done"), "complete"), (queried, "failed")):
+            assert got.state == state and got.what.endswith(ttl) and got.bound == 0
+        assert (await fc.job_state("done")).what.startswith("2/2 runs complete")
+        await fc.submit_job(_with("done", 1))  # the id is a job again: its own state
+        await until("running", lambda: _state(store, fc, "done") == "running")
         await _replays(fc)
 
 
@@ -136,3 +145,23 @@ async def test_forge_job_scale_keeps_max_failed_and_old_histories_replay(
         monkeypatch.undo()
         assert batch_loop.SCALE_KEEPS_MAX_FAILED  # the id today's code asks
         await _replays(fc)
+
+
+async def test_forge_explain_says_a_complete_run_is_complete(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """From the store (``forge explain``) and from the ``explain`` query: a run that
+    completed is ``complete``, not pending "waiting for the next pass" with the
+    nodes' verdicts (what both said before); its sibling still runs."""
+    async with cluster(skipping_env.client, options=default_options(**OPTIONS)) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=8000, memory=8192)])
+        await fc.submit_job(_with("x", 2))
+        await until("bound", lambda: len(bound(store, fc, "x")) == 2)
+        store.report(fc.cluster, [ended("x/main/0", "exited", code=0)])
+        await until("released", lambda: bound(store, fc, "x") == ["x/main/1"])
+        queried = await fc.handle().query(c.QUERY_EXPLAIN, "x/main/0", result_type=c.Explanation)
+        for e in (await fc.explain("x/main/0"), queried):
+            assert (e.state, e.nodes) == ("complete", [])
+            assert e.reasons == ["complete: its tasks exited 0; a batch run is not run again"]
+        assert (await fc.explain("x/main/1")).state == "bound"
+        assert (await fc.explain("x/main/2")).state == "unknown"

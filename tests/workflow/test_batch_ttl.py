@@ -69,10 +69,10 @@ async def test_finished_jobs_are_removed_after_their_ttl_with_their_records(
         assert _state(store, fc, "hour") == "complete" and _state(store, fc, "kept") == "complete"
         assert sorted(store.completions(fc.cluster)) == ["hour/main/0", "kept/main/0"]
         # how they ended is still read after they are gone: a waiter that polls late
-        ttl = "removed 1 s after it finished (ttl_after_finished)"
+        gone = "removed 1 s after it finished (ttl_after_finished)"
         queried = await fc.handle().query(c.QUERY_JOB_STATE, "bad", result_type=c.JobState)
         for got, state in ((await fc.job_state("done"), "complete"), (queried, "failed")):
-            assert got.state == state and got.what.endswith(ttl) and got.bound == 0
+            assert got.state == state and got.what.endswith(gone) and got.bound == 0
         assert (await fc.job_state("done")).what.startswith("2/2 runs complete")
         await fc.submit_job(_with("done", 1))  # the id is a job again: its own state
         await until("running", lambda: _state(store, fc, "done") == "running")

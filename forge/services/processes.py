@@ -153,17 +153,20 @@ async def stop_child(child: Child) -> None:
     with it."""
     if child.proc.returncode is not None:
         return
+    # os.kill, not Process.terminate()/kill(): those poll the child first
+    # (Popen.send_signal), and a poll that reaps it races the child watcher, which
+    # then reports exit status 255 for a child killed by SIGKILL.
+    pid = child.proc.pid  # its watcher alone reaps it, so the pid is still its
     with contextlib.suppress(ProcessLookupError):
-        child.proc.terminate()
+        os.kill(pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(child.proc.wait(), STOP_TIMEOUT)
     except TimeoutError:
-        pid = child.proc.pid  # not reaped yet: neither it nor its group id is reused
         with contextlib.suppress(OSError):
             if os.getpgid(pid) == pid != os.getpgrp():
-                os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            child.proc.kill()
+                os.killpg(pid, signal.SIGKILL)  # the child and all it started
+            else:
+                os.kill(pid, signal.SIGKILL)
         await child.proc.wait()
 
 

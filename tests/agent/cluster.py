@@ -122,6 +122,21 @@ def http_status(port: int) -> int:
         return 0
 
 
+def each_answers_on_its_own(ports: dict[str, int], n: int) -> bool:
+    """``n`` replicas, each answering 200 on a port no other replica's binding names.
+
+    Own: the agents of these tests share one host, and each picks a task's port at
+    random from the dynamic range, so two agents can pick the same one (about 4% of
+    runs at 30 replicas). The task that binds second exits 1 and is placed again with
+    a fresh port; until then both bindings name the port the first one answers on.
+    """
+    return (
+        len(ports) == n
+        and len(set(ports.values())) == n
+        and all(http_status(port) == 200 for port in ports.values())
+    )
+
+
 def http_body(port: int) -> str | None:
     """The body of a GET on a replica's local port (None: nothing answered 200)."""
     try:

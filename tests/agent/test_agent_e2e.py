@@ -42,7 +42,13 @@ import pytest_asyncio
 from forge.core.models import Assignment, Job
 from forge.core.rollout import UpdatePolicy
 from forge.wire import contract as c
-from tests.agent.cluster import AgentCluster, agent_cluster, http_body, http_status
+from tests.agent.cluster import (
+    AgentCluster,
+    agent_cluster,
+    each_answers_on_its_own,
+    http_body,
+    http_status,
+)
 from tests.agent.helpers import alive, task_environs, task_processes
 from tests.e2e.procs import eventually
 
@@ -151,7 +157,7 @@ def show_logs_on_failure(cluster: Cluster, request: pytest.FixtureRequest) -> An
 
 
 async def _web_running(cl: Cluster, n: int, timeout: float = 60.0) -> dict[str, int]:
-    """Set the web job to ``n`` replicas and wait until each answers on its port."""
+    """Set the web job to ``n`` replicas and wait until each answers on its own port."""
     await cl.fc.submit_job(_web(n))
     await eventually(
         _now(lambda: cl.running("web")),
@@ -161,7 +167,7 @@ async def _web_running(cl: Cluster, n: int, timeout: float = 60.0) -> dict[str, 
     )
     ports: dict[str, int] = await eventually(
         _now(lambda: cl.ports("web")),
-        lambda p: len(p) == n and all(http_status(port) == 200 for port in p.values()),
+        lambda p: each_answers_on_its_own(p, n),
         timeout=timeout,
         what=f"each of {n} web replicas answering on its port",
     )
@@ -706,7 +712,7 @@ async def test_kill_9_of_an_agent_moves_its_replicas_within_the_ttl(show_logs_on
     took = time.monotonic() - killed
     ports = await eventually(
         _now(lambda: cl.ports("web")),
-        lambda p: len(p) == 5 and all(http_status(port) == 200 for port in p.values()),
+        lambda p: each_answers_on_its_own(p, 5),
         timeout=30,
         what="the moved replicas answering",
     )

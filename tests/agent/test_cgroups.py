@@ -106,7 +106,9 @@ def test_a_kernel_oom_kill_is_reported_as_out_of_memory(tmp_path: Path) -> None:
         pid = sup.replicas["web/g/0"].tasks[0].pid
         path = cgroups.path("web/g/0")
         (path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-        os.kill(pid, signal.SIGKILL)  # what the kernel does
+        # the kernel's SIGKILL; sent to the replica's process group (its shim and the
+        # task), so the task is not left running whether or not the shim had started it
+        os.killpg(pid, signal.SIGKILL)
         events = _events(sup)
         assert [(e.status, e.message) for e in events] == [
             ("failed", "out of memory: over its memory.max of 64 MiB")

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from forge.core.models import Assignment, Job
-from tests.agent.cluster import AgentCluster, http_status, own_cluster
+from tests.agent.cluster import AgentCluster, each_answers_on_its_own, http_status, own_cluster
 from tests.agent.helpers import kill_tasks, task_environs
 from tests.e2e.procs import eventually
 
@@ -99,7 +99,7 @@ async def test_a_zone_killed_with_kill_9_leaves_four_of_six_answering_then_six_b
 
     await eventually(
         ports,
-        lambda p: len(p) == 6 and all(http_status(port) == 200 for port in p.values()),
+        lambda p: each_answers_on_its_own(p, 6),
         timeout=60,
         what="6 replicas answering",
     )

@@ -27,6 +27,7 @@ from temporalio.worker import Replayer, Worker
 
 from activities.periodic import PeriodicActivities
 from activities.store_activities import StoreActivities
+from forge import takeover
 from forge.client import watchdog
 from forge.client.client import ensure_search_attributes
 from forge.logs import configure
@@ -132,6 +133,10 @@ class GcGovernor:
 
 
 def build_worker(client: Client, store: Store, task_queue: str) -> Worker:
+    # a run this worker answered a query for from a history that had moved on leaves
+    # its cache, so its next task replays as every later replay will (forge.takeover)
+    if not takeover.install():
+        log.warning("this SDK has no activation hook: takeovers with queries may not replay")
     acts = StoreActivities(store)
     return Worker(
         client,

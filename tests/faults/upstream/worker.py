@@ -1,6 +1,8 @@
 """A worker process for :mod:`tests.faults.upstream.loop`, killed with SIGKILL by the
-test: ``python -m tests.faults.upstream.worker ADDRESS TASK_QUEUE``. Its sticky queue
-times out after 2 s (the default is 10 s) so the takeover happens quickly."""
+test: ``python -m tests.faults.upstream.worker ADDRESS TASK_QUEUE [evict]``; with
+``evict`` it runs Forge's workaround (:mod:`forge.takeover`) and nothing else of
+Forge. Its sticky queue times out after 2 s (the default is 10 s) so the takeover
+happens quickly."""
 
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from tests.faults.upstream.loop import Loop, write
 
 
-async def main(address: str, queue: str) -> None:
+async def main(address: str, queue: str, evict: bool) -> None:
+    if evict:
+        from forge import takeover
+
+        assert takeover.install(), "this SDK has no activation hook"
     client = await Client.connect(address)
     async with Worker(
         client,
@@ -29,4 +35,4 @@ async def main(address: str, queue: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:] == ["evict"]))

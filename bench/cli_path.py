@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -72,6 +73,7 @@ from bench.e2e import (
 )
 from bench.pending import gpu_exhausted, pending_heavy, write_csv
 from forge.client.client import ForgeClient, ensure_search_attributes
+from forge.core.quota import QueueSpec
 from forge.stores.postgres_conn import parse_postgres_url
 from forge.wire.contract import LoopStatus, Summary
 
@@ -85,6 +87,19 @@ SETTLED_GAP = 10.0  # seconds between faults once the loop has settled (see _fau
 #: Workflow task failures the server causes in normal operation (a completion refused
 #: because new events arrived; a reset): not the loop's.
 BENIGN_TASK_FAILURES = ("UNHANDLED_COMMAND", "RESET_WORKFLOW")
+
+
+def loop_problems(hist: Any, replay: list[dict[str, Any]]) -> list[str]:
+    """What a loop bench fails on besides its own checks: a workflow task failure other
+    than the server's own (``hist``: bench.e2e.history_stats), a run that does not
+    replay (``replay``: :func:`_replay_seconds`)."""
+    problems = []
+    failed = {k: n for k, n in hist.failure_causes.items() if k not in BENIGN_TASK_FAILURES}
+    if failed:
+        problems.append(f"WorkflowTaskFailed events {failed}")
+    if any(r.get("failure") for r in replay):
+        problems.append(f"a run's history does not replay: {replay}")
+    return problems
 
 
 def _cli_env(env: Env, name: str, store: str) -> dict[str, str]:
@@ -178,8 +193,59 @@ def _gc_and_rss(log: Path, pid: int) -> tuple[float, int, float]:
     return longest, count, rss
 
 
-async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool) -> dict[str, Any]:
-    """One size, on the store URL ``store`` (its database is fresh)."""
+def dealt(w: Any, n: int, files: Path) -> tuple[dict[str, QueueSpec], Path, Path]:
+    """``n`` queues in cohorts of four, each owning a ``n``-th of 90% of the cluster's
+    cpu and memory and a ``n``-th of each GPU model's devices, ``w``'s jobs dealt to
+    them in turn: the queues, the queue file and the job file (JSON) a user would
+    apply and run. A cohort lends only among its four, so where its jobs want more
+    than its share they wait ``queued``."""
+    cpu, memory = sum(x.cpu for x in w.nodes), sum(x.memory for x in w.nodes)
+    models: dict[str, int] = {}
+    for node in w.nodes:
+        for d in node.gpus:
+            models[d.model] = models.get(d.model, 0) + 1
+    quota = {
+        "cpu": {"nominal": cpu * 9 // 10 // n},
+        "memory": {"nominal": memory * 9 // 10 // n},
+        "gpu": {m: {"nominal": count // n} for m, count in sorted(models.items())},
+    }
+    specs = {
+        f"q{i:02d}": QueueSpec.model_validate(
+            {"name": f"q{i:02d}", "cohort": f"c{i // 4}", "quota": quota}
+        )
+        for i in range(n)
+    }
+    queues_file = files / "queues.json"
+    declared = [q.model_dump(mode="json") for q in specs.values()]
+    queues_file.write_text(json.dumps({"queues": declared}))
+    jobs = [j.model_copy(update={"queue": f"q{k % n:02d}"}) for k, j in enumerate(w.jobs)]
+    jobs_file = files / "jobs-queued.json"
+    docs = [j.model_dump(mode="json", exclude_defaults=True) for j in jobs]  # (<16 MiB)
+    jobs_file.write_text(json.dumps(docs))
+    return specs, queues_file, jobs_file
+
+
+async def _no_more_preemptions(fc: ForgeClient, quiet: float = 10.0) -> tuple[int, int]:
+    """Wait until the loop has preempted nothing for ``quiet`` seconds (queues settle
+    their reclaims over passes); (bound, pending) then."""
+    last, since, end = -1, time.monotonic(), time.monotonic() + 600
+    while True:
+        doc = await fc.published()
+        count = doc.preemptions if doc is not None else 0
+        if count != last:
+            last, since = count, time.monotonic()
+        elif time.monotonic() - since >= quiet and doc is not None:
+            return doc.summary.bound, doc.summary.pending
+        if time.monotonic() > end:
+            raise BenchFailure(f"still preempting after 600 s ({count} preemptions)")
+        await asyncio.sleep(0.5)
+
+
+async def run_size(
+    env: Env, size: str, kills: int, store: str, pg_restart: bool, queues: int = 0
+) -> dict[str, Any]:
+    """One size, on the store URL ``store`` (its database is fresh); with ``queues``,
+    its jobs dealt to that many queues with quotas (:func:`dealt`)."""
     parts = [int(x) for x in size.split("x")]
     name = "cli-" + size.replace("x", "-")
     env.worker(name, store)
@@ -199,6 +265,10 @@ async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool
     cli_env = _cli_env(env, name, store)
     fc = cluster_client(env, name, name, store)
     added, _ = _forge(["node", "add", "--file", str(nodes_file)], cli_env, timeout=600)
+    specs: dict[str, QueueSpec] = {}
+    if queues:  # (the cluster's run is up once nodes are added)
+        specs, queues_file, jobs_file = dealt(w, queues, files)
+        _forge(["queue", "apply", str(queues_file)], cli_env, timeout=120)
     await poll(lambda: summary(fc), lambda s: s.nodes == nodes, limit=600, every=0.5)
 
     # submit while the loop is planning: the first batches are placed as the rest arrive
@@ -211,10 +281,16 @@ async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool
     submit_done = time.perf_counter()
 
     bound, pending, converged = await until_converged(fc, total, t0, limit=1800, every=0.25)
+    if queues:  # reclaims go on a few passes once the bound count is steady
+        bound, pending = await _no_more_preemptions(fc)
+    published = await fc.published()
+    queued = sum(v.queued for v in published.queues) if published is not None else 0
     reads = fc.store
     assert reads is not None  # cluster_client reads the store, never a query
-    check = {"expect_jobs": len(w.jobs), "expect_desired": total}
-    await check_invariants(fc, reads, bound, **check)
+    check = partial(
+        check_invariants, fc, reads, expect_jobs=len(w.jobs), expect_desired=total, queues=specs
+    )
+    await check(bound)
 
     # node loss: the busiest node's replicas bound elsewhere (or pending), persisted
     counts: dict[str, int] = {}
@@ -232,7 +308,7 @@ async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool
     loss = time.perf_counter() - signalled
     # and the invariants again once the loop has settled after the loss
     after, _, _ = await until_converged(fc, total, signalled, limit=600, every=0.25)
-    await check_invariants(fc, reads, after, **check)
+    await check(after)
     hist = await history_stats(env.client, fc.workflow_id)
     replay = await _replay_seconds(env, fc.workflow_id)
     worker = env.workers[-1]
@@ -246,6 +322,8 @@ async def run_size(env: Env, size: str, kills: int, store: str, pg_restart: bool
     return {
         "size": size,
         "store": store.partition(":")[0],
+        "queues": queues,
+        "queued": queued,
         "nodes": nodes,
         "jobs": len(w.jobs),
         "replicas": total,
@@ -408,6 +486,8 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
     ]
     for r in rows:
         kill = f", {r['store']}" + (f", {r['kills']} x kill -9" if r["kills"] else "")
+        if r.get("queues"):
+            kill += f", {r['queues']} queues ({r['queued']:,} queued)"
         if any(f["fault"] == "PostgreSQL stopped" for f in r["faults"]):
             kill += ", PostgreSQL restarted"
         loss = r["node_loss"]
@@ -458,6 +538,7 @@ async def main(argv: list[str] | None = None) -> int:
         "--pg-restart", action="store_true", help="stop and start PostgreSQL once mid-convergence"
     )
     ap.add_argument("--json", type=Path, help="also write the raw results here")
+    ap.add_argument("--queues", type=int, default=0, help="deal the jobs to this many queues")
     ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)  # one history, timed
     ap.add_argument("--keep", action="store_true", help="keep the work dir (histories, logs)")
     args = ap.parse_args(argv)
@@ -478,12 +559,12 @@ async def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             if args.store == "sqlite":
                 url = f"sqlite:///{work / ('cli-' + size.replace('x', '-'))}.db"
-                row = await run_size(env, size, args.kill, url, False)
+                row = await run_size(env, size, args.kill, url, False, args.queues)
             else:  # a database of this run, dropped after it
                 database = f"forge_chaos_{uuid.uuid4().hex[:10]}"
                 url = await asyncio.to_thread(_pg_database, args.pg, database)
                 try:
-                    row = await run_size(env, size, args.kill, url, args.pg_restart)
+                    row = await run_size(env, size, args.kill, url, args.pg_restart, args.queues)
                 finally:
                     await asyncio.to_thread(_pg_drop, args.pg, database)
             print(json.dumps(row), flush=True)

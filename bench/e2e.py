@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,7 +42,8 @@ from temporalio.client import Client
 from bench.pending import pending_heavy
 from forge.client.client import ForgeClient, ensure_search_attributes
 from forge.core.invariants import fitting_pending, violations
-from forge.core.models import Job, Node, workload_id
+from forge.core.models import Assignment, Job, Node, workload_id
+from forge.core.quota import QueueSpec
 from forge.core.reconcile import ReconcileOptions
 from forge.stores import SqliteStore, Store, open_store
 from forge.stores.base import state_digest
@@ -315,6 +317,7 @@ async def check_invariants(
     *,
     expect_jobs: int | None = None,
     expect_desired: int | None = None,
+    queues: Mapping[str, QueueSpec] | None = None,
 ) -> None:
     """Invariants 1, 2, 3, 5 and 6 (RELIABILITY.md) over the store of a settled
     cluster: no node over capacity, no GPU held twice, no replica bound twice,
@@ -322,7 +325,12 @@ async def check_invariants(
 
     With ``expect_jobs`` / ``expect_desired`` (the jobs and replicas submitted) also:
     nothing lost (8), bound ⊆ desired (3), every pending replica fits nowhere (4) and
-    says why. Invariant 7 is the callers' replay of every run of the history."""
+    says why. Invariant 7 is the callers' replay of every run of the history.
+
+    With ``queues`` (cpu and memory quotas), invariant 4 is asked of the jobs outside
+    them (a queued replica may fit a node its queue has no quota for), and instead no
+    queue holds more than its nominal + borrowing limit, no cohort more than its
+    members' nominal (forge.core.quota)."""
     stored = store.assignments(fc.cluster, limit=10_000_000)
     nodes = store.nodes(fc.cluster, limit=1_000_000)
     jobs = store.list_jobs(fc.cluster) if expect_jobs is not None else None
@@ -348,7 +356,10 @@ async def check_invariants(
             problems.append(f"jobs lost: {len(jobs)} in the store, {expect_jobs} submitted")
         if expect_desired is not None and len(want) != expect_desired:
             problems.append(f"replicas lost: {len(want)} desired, {expect_desired} submitted")
-        problems += fitting_pending(nodes, stored, jobs, gpu_reserve=LOOP_GPU_RESERVE)[:5]
+        free = [j for j in jobs if not queues or j.queue not in queues]
+        problems += fitting_pending(nodes, stored, free, gpu_reserve=LOOP_GPU_RESERVE)[:5]
+        if queues:
+            problems += over_quota(queues, {j.id: j.queue for j in jobs}, stored)
         pending = len(want) - len(ids)
         if doc is not None and doc.summary.pending != pending:
             problems.append(f"{doc.summary.pending} published pending, {pending} in the store")
@@ -360,6 +371,33 @@ async def check_invariants(
             problems.append("pending replicas without a reason")
     if problems:
         raise BenchFailure("invariants violated: " + "; ".join(problems[:10]))
+
+
+def over_quota(
+    queues: Mapping[str, QueueSpec], queue_of: Mapping[str, str], stored: Iterable[Assignment]
+) -> list[str]:
+    """The queues (cpu and memory) above nominal + borrowing limit and the cohorts above
+    their members' nominal, from what the store holds."""
+    held: dict[str, dict[str, int]] = {}
+    for a in stored:
+        q = queue_of.get(a.job, "")
+        if q in queues:
+            use = held.setdefault(q, {"cpu": 0, "memory": 0})
+            use["cpu"] += a.cpu
+            use["memory"] += a.memory
+    out: list[str] = []
+    cohorts: dict[str, dict[str, list[int]]] = {}
+    for name, spec in sorted(queues.items()):
+        for key, (nominal, borrow, _) in spec.limits().items():
+            used = held.get(name, {}).get(key, 0)
+            if used > nominal + borrow:
+                out.append(f"queue {name}: {key} {used} above {nominal} + {borrow}")
+            pool = cohorts.setdefault(spec.cohort or name, {}).setdefault(key, [0, 0])
+            pool[0] += used
+            pool[1] += nominal
+    for cohort, keys in sorted(cohorts.items()):
+        out += [f"cohort {cohort}: {k} {u} above {n}" for k, (u, n) in keys.items() if u > n]
+    return out
 
 
 # -- scenarios -----------------------------------------------------------------------
@@ -385,6 +423,53 @@ class Env:
         w = WorkerProcess.start(self.server.address, queue, store, self.work / f"{queue}.log")
         self.workers.append(w)
         return w
+
+
+@contextlib.asynccontextmanager
+async def dev_env(prefix: str) -> AsyncIterator[Env]:
+    """A dev server in a fresh work dir and a client on it, as every loop bench starts;
+    on the way out every worker is killed and the server stopped (the work dir is
+    the caller's: kept for the logs on a failure)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    server = DevServer.start(work)
+    env: Env | None = None
+    try:
+        client = await connect(server.address)
+        await ensure_search_attributes(client, "default")
+        env = Env(server, client, work)
+        yield env
+    finally:
+        if env is not None:
+            env.kill_workers()
+        server.stop()
+
+
+async def loop_bench(
+    prefix: str,
+    scenario: Callable[[Env], Awaitable[dict[str, Any]]],
+    report: Callable[[dict[str, Any]], str],
+    keep: bool = False,
+) -> int:
+    """Run a loop bench's ``scenario`` in a :func:`dev_env` and print its ``report``;
+    the exit status: 1 on a BenchFailure or a row with ``problems`` (the work dir
+    then kept for its logs), else 0 (the work dir removed unless ``keep``)."""
+    async with dev_env(prefix) as env:
+        try:
+            row = await scenario(env)
+        except BenchFailure as err:
+            print(f"BENCHMARK FAILED: {err} (logs in {env.work})", file=sys.stderr)
+            return 1
+    print(report(row))
+    if row["problems"]:
+        print(
+            f"BENCHMARK FAILED: {'; '.join(row['problems'])} (logs in {env.work})", file=sys.stderr
+        )
+        return 1
+    if keep:
+        print(f"kept: {env.work}")
+    else:
+        shutil.rmtree(env.work, ignore_errors=True)
+    return 0
 
 
 def cluster_client(env: Env, name: str, queue: str, db: Path | str, **opts: Any) -> ForgeClient:

@@ -45,13 +45,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +58,21 @@ import yaml
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.cli_path import BENIGN_TASK_FAILURES, _cli_env, _forge, _longest_replay, _replay_seconds
+from bench.cli_path import _cli_env, _forge, _longest_replay, _replay_seconds, loop_problems
 from bench.e2e import (
     BenchFailure,
-    DevServer,
     Env,
     check_invariants,
     cluster_client,
-    connect,
     history_stats,
+    loop_bench,
     poll,
     stored_count,
     summary,
     until_converged,
 )
 from forge.cli.plan import plan_passes
-from forge.client.client import ForgeClient, ensure_search_attributes
+from forge.client.client import ForgeClient
 from forge.core.models import Job, Node
 from forge.core.reconcile import MAX_WORK, PENDING_UNITS, Plan, ReconcileOptions, reconcile
 from forge.wire.activity_contract import ACT_PERSIST, PersistIn, assignment_from_row
@@ -396,11 +394,7 @@ async def through_loop(env: Env, n_nodes: int, replicas: int) -> dict[str, Any]:
     hist = await history_stats(env.client, fc.workflow_id)
     replay = await _replay_seconds(env, fc.workflow_id)
     fc.store.close()
-    failed = {k: n for k, n in hist.failure_causes.items() if k not in BENIGN_TASK_FAILURES}
-    if failed:
-        problems.append(f"WorkflowTaskFailed events {failed}")
-    if any(r.get("failure") for r in replay):
-        problems.append(f"a run's history does not replay: {replay}")
+    problems += loop_problems(hist, replay)
     return {
         "nodes": n_nodes, "low": filled, "replicas": replicas, "fill_seconds": fill_seconds,
         "fill_least": least, "fill_mean": mean, "placed": placed,
@@ -460,30 +454,12 @@ def e2e_report(r: dict[str, Any], command: str) -> str:
 
 
 async def e2e_main(nodes: int, replicas: int, command: str, *, keep: bool = False) -> int:
-    work = Path(tempfile.mkdtemp(prefix="forge-preempt-bench-"))
-    server = DevServer.start(work)
-    env: Env | None = None
-    try:
-        client = await connect(server.address)
-        await ensure_search_attributes(client, "default")
-        env = Env(server, client, work)
-        row = await through_loop(env, nodes, replicas)
-    except BenchFailure as err:
-        print(f"BENCHMARK FAILED: {err} (logs in {work})", file=sys.stderr)
-        return 1
-    finally:
-        if env is not None:
-            env.kill_workers()
-        server.stop()
-    print(e2e_report(row, command))
-    if row["problems"]:
-        print(f"BENCHMARK FAILED: {'; '.join(row['problems'])} (logs in {work})", file=sys.stderr)
-        return 1
-    if keep:
-        print(f"kept: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return await loop_bench(
+        "forge-preempt-bench-",
+        partial(through_loop, n_nodes=nodes, replicas=replicas),
+        partial(e2e_report, command=command),
+        keep,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

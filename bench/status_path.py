@@ -17,21 +17,18 @@ import os
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from bench.e2e import (
     BIN,
-    DevServer,
     Env,
     cluster_client,
-    connect,
+    dev_env,
     make_jobs,
     make_nodes,
     until_converged,
 )
-from forge.client.client import ensure_search_attributes
 
 __all__ = ["main"]
 
@@ -39,48 +36,48 @@ __all__ = ["main"]
 async def run(
     nodes: int, replicas: int, runs: int, as_json: bool, keep: bool = False
 ) -> list[float]:
-    work = Path(tempfile.mkdtemp(prefix="forge-status-bench-"))
-    server = DevServer.start(work)
-    env: Env | None = None
+    work: Path | None = None
     try:
-        client = await connect(server.address)
-        await ensure_search_attributes(client, "default")
-        env = Env(server, client, work)
-        name = "status"
-        db = work / "status.db"
-        env.worker(name, db)
-        fc = cluster_client(env, name, name, db)
-        await fc.register_nodes(make_nodes(nodes))
-        t0 = time.perf_counter()
-        await fc.submit_jobs(make_jobs(replicas, max(1, replicas // 100)))
-        await until_converged(fc, replicas, t0, limit=300, every=0.5)
-        cli_env = {
-            **os.environ,
-            "FORGE_TEMPORAL_ADDRESS": server.address,
-            "FORGE_CLUSTER": name,
-            "FORGE_TASK_QUEUE": name,
-            "FORGE_STORE": f"sqlite:///{db}",
-        }
-        if keep:  # leave it up for measuring by hand (until interrupted)
-            print(" ".join(f"{k}={v}" for k, v in cli_env.items() if k.startswith("FORGE_")))
-            await asyncio.Event().wait()
-        args = [str(BIN / "forge"), "status", *(["--json"] if as_json else [])]
-        times = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            done = await asyncio.to_thread(
-                subprocess.run, args, env=cli_env, capture_output=True, text=True, check=False
-            )
-            times.append(time.perf_counter() - t)
-            if done.returncode != 0:
-                raise SystemExit(f"forge status exited {done.returncode}: {done.stderr[-800:]}")
-        return times
+        async with dev_env("forge-status-bench-") as env:
+            work = env.work
+            return await _timed(env, nodes, replicas, runs, as_json, keep)
     finally:
-        if env is not None:
-            for w in env.workers:
-                w.stop()
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def _timed(
+    env: Env, nodes: int, replicas: int, runs: int, as_json: bool, keep: bool
+) -> list[float]:
+    name = "status"
+    db = env.work / "status.db"
+    env.worker(name, db)
+    fc = cluster_client(env, name, name, db)
+    await fc.register_nodes(make_nodes(nodes))
+    t0 = time.perf_counter()
+    await fc.submit_jobs(make_jobs(replicas, max(1, replicas // 100)))
+    await until_converged(fc, replicas, t0, limit=300, every=0.5)
+    cli_env = {
+        **os.environ,
+        "FORGE_TEMPORAL_ADDRESS": env.server.address,
+        "FORGE_CLUSTER": name,
+        "FORGE_TASK_QUEUE": name,
+        "FORGE_STORE": f"sqlite:///{db}",
+    }
+    if keep:  # leave it up for measuring by hand (until interrupted)
+        print(" ".join(f"{k}={v}" for k, v in cli_env.items() if k.startswith("FORGE_")))
+        await asyncio.Event().wait()
+    args = [str(BIN / "forge"), "status", *(["--json"] if as_json else [])]
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        done = await asyncio.to_thread(
+            subprocess.run, args, env=cli_env, capture_output=True, text=True, check=False
+        )
+        times.append(time.perf_counter() - t)
+        if done.returncode != 0:
+            raise SystemExit(f"forge status exited {done.returncode}: {done.stderr[-800:]}")
+    return times
 
 
 def main() -> None:

@@ -31,6 +31,10 @@ t workflow update execute -w "$WF" --name scale --input '{"job_id": "cli-batch",
 say "report_failed (update): replicas that failed; they are restarted with backoff"
 t workflow update execute -w "$WF" --name report_failed --input '{"workload_ids": ["cli-batch/workers/0"]}'
 
+say "apply_queues (update): a queue with a quota of one cpu; a job in it binds one replica, the other is queued"
+t workflow update execute -w "$WF" --name apply_queues --input '{"queues": [{"name": "cli-team", "quota": {"cpu": {"nominal": 1000}}}], "delete": []}'
+t workflow update execute -w "$WF" --name submit_job --input '{"job": {"name": "cli-queued", "queue": "cli-team", "groups": [{"name": "q", "scaling": {"desired": 2, "max": 2}, "tasks": [{"name": "q", "resources": {"cpu": 1000, "memory": 256}}]}]}, "wait": true}'
+
 say "promote (update): a changed spec rolls out; with canary 1 it waits for this"
 t workflow update execute -w "$WF" --name submit_job --input '{"job": {"name": "cli-web", "groups": [{"name": "web", "scaling": {"desired": 2, "max": 2}, "update": {"canary": 1}, "tasks": [{"name": "web", "env": {"V": "1"}, "resources": {"cpu": 500, "memory": 256}}]}]}, "wait": true}'
 t workflow update execute -w "$WF" --name submit_job --input '{"job": {"name": "cli-web", "groups": [{"name": "web", "scaling": {"desired": 2, "max": 2}, "update": {"canary": 1}, "tasks": [{"name": "web", "env": {"V": "2"}, "resources": {"cpu": 500, "memory": 256}}]}]}, "wait": true}'
@@ -41,6 +45,9 @@ t workflow query -w "$WF" --name status
 
 say "job_state (query): where one job stands (a batch job: running, complete or failed)"
 t workflow query -w "$WF" --name job_state --input '"cli-batch"'
+
+say "queues (query): each queue's quota, usage, jobs and queued replicas"
+t workflow query -w "$WF" --name queues
 
 say "drain_node (update): move a node's replicas off it; answers after that pass"
 t workflow update execute -w "$WF" --name drain_node --input '{"node_id": "cli-node-1"}'

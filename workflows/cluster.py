@@ -356,8 +356,7 @@ class ClusterWorkflow(Presentation):
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)
         self.to_target = self.adaptive and workflow.patched(patches.BUDGET_TO_TARGET)
         if work and self.adaptive and self.st.pass_budget:
-            # as long as the recorded timings say (never above the watchdog's)
-            work = min(work, self.st.pass_budget)
+            work = min(work, self.st.pass_budget)  # as timed, never above the watchdog's
         if work:  # the watchdog's after repeated deadlocks, else the loop's
             update.update(max_work=work, pending_units=PENDING_UNITS)
         self.budget_used = work or options.max_work
@@ -387,6 +386,7 @@ class ClusterWorkflow(Presentation):
             jobs_changed=st.jobs_changed,
             done=done,
             completed=completed,
+            queues=st.queues,
         )
         with workflow.unsafe.sandbox_unrestricted():
             elapsed = time.perf_counter() - started

@@ -15,6 +15,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
+from workflows import queues
 from workflows.batch import done_of, scale_group
 from workflows.inputs import (
     Payload,
@@ -24,6 +25,7 @@ from workflows.inputs import (
     parse,
     parse_batch,
     refuse,
+    refuse_bad_jobs,
     update_arg,
 )
 from workflows.mail import (
@@ -38,12 +40,11 @@ from workflows.mail import (
     Reset,
 )
 from workflows.queue import JobQueue
+from workflows.queues import QueueWrite
 from workflows.state import LoopState, worker_clock
 
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import MAX_BATCH_BYTES, Job, NodeState, workload_id
-    from forge.core.periodic import not_submittable
-    from forge.core.taskenv import reserved_env
     from forge.wire import contract as c
     from forge.wire import views
 
@@ -59,7 +60,7 @@ PATCH_DROPPED_SIGNALS = "dropped-signals-1"
 LOGGED_ITEMS = 20  # rejected items of one register_node signal logged one by one
 
 
-class Handlers:
+class Handlers(queues.QueueHandlers):
     def __init__(self, inp: c.ClusterInput) -> None:
         self.st = LoopState.start(inp)
         self.queue = JobQueue()
@@ -195,6 +196,9 @@ class Handlers:
         elif isinstance(item, Budget):
             st.max_work = item.max_work
             self.dirty = True
+        elif isinstance(item, QueueWrite):
+            queues.apply(st, item)
+            self.dirty = True
         elif isinstance(item, Reset):
             if item.from_run != st.last_reset_run:  # racing watchdogs report one reset
                 st.resets += 1
@@ -255,7 +259,7 @@ class Handlers:
         # Jobs may arrive before any node: they wait, pending, with reasons.
         if not req.job.groups:
             raise refuse("job has no groups")
-        _refuse_reserved_env([req.job])
+        refuse_bad_jobs([req.job], self.st.queues)
 
     @workflow.update(name=c.UPDATE_SUBMIT_JOBS)
     async def submit_jobs(self, raw: RawValue) -> list[c.JobResult]:
@@ -303,7 +307,7 @@ class Handlers:
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise refuse(f"job ids repeated in one batch: {', '.join(dupes[:5])}")
-        _refuse_reserved_env(req.jobs)
+        refuse_bad_jobs(req.jobs, self.st.queues)
         info = workflow.current_update_info()
         if info is not None:  # accepted: the handler reuses both, no second parse
             self._validated[info.id] = (req, sizes)
@@ -551,13 +555,3 @@ class Handlers:
             last_pass_at=st.last_pass_at,
             last_pass=st.last_pass,
         )
-
-
-def _refuse_reserved_env(jobs: Sequence[Job]) -> None:
-    """Refuse a periodic job (a schedule's template) or a task setting a variable Forge
-    sets: here, for every client, not in the model (a stored job must still load)."""
-    for job in jobs:
-        problems = reserved_env(job) + not_submittable(job.id, job.schedule)
-        if problems:
-            where, why = problems[0]
-            raise refuse(f"job {job.id}: {where}: {why}")

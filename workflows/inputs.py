@@ -11,6 +11,7 @@ parsed the same way so a validator can refuse them with a message naming fields.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +25,9 @@ with workflow.unsafe.imports_passed_through():
 
     from forge.core.limits import is_valid_name
     from forge.core.models import Job
+    from forge.core.periodic import not_submittable
+    from forge.core.quota import DEFAULT_QUEUE, QueueSpec
+    from forge.core.taskenv import reserved_env
     from forge.errors import Busy, InvalidInput, NotFound
     from forge.wire import errors
 
@@ -35,6 +39,7 @@ __all__ = [
     "parse",
     "parse_batch",
     "refuse",
+    "refuse_bad_jobs",
     "update_arg",
 ]
 
@@ -169,3 +174,17 @@ def busy() -> ApplicationError:
 
 def json_size(job: Job) -> int:
     return len(job.model_dump_json())
+
+
+def refuse_bad_jobs(jobs: Sequence[Job], queues: Mapping[str, QueueSpec]) -> None:
+    """Refuse a periodic job (a schedule's template), a task setting a variable Forge
+    sets, or a queue the cluster does not have: here, for every client, not in the
+    model (a stored job must still load)."""
+    for job in jobs:
+        problems = reserved_env(job) + not_submittable(job.id, job.schedule)
+        if problems:
+            where, why = problems[0]
+            raise refuse(f"job {job.id}: {where}: {why}")
+        if job.queue != DEFAULT_QUEUE and job.queue not in queues:
+            known = ", ".join(sorted(queues)[:10]) or "none yet: forge queue apply"
+            raise refuse(f"job {job.id}: queue: no queue {job.queue!r} (queues: {known})")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from temporalio import workflow
 
+from workflows.queues import QueueWrite
+
 with workflow.unsafe.imports_passed_through():
     from forge.core.models import Job
     from forge.wire import contract as c
@@ -93,7 +95,7 @@ class Dropped:
     problem: str
 
 
-Item = JobWrite | NodeOps | Failed | Promote | Budget | Reset | Dropped
+Item = JobWrite | NodeOps | Failed | Promote | Budget | Reset | Dropped | QueueWrite
 
 
 class Mail:

@@ -10,8 +10,10 @@ from temporalio.common import MetricMeter, SearchAttributeKey
 
 from workflows import batch
 from workflows.handlers import Handlers
+from workflows.queues import views_of
 
 with workflow.unsafe.imports_passed_through():
+    from forge import queue_text
     from forge.core.reconcile import Plan
     from forge.errors import Busy, NotFound
     from forge.wire import contract as c
@@ -81,6 +83,8 @@ class Presentation(Handlers):
             doc = doc.model_copy(update={"tolerated_failures": tolerated})
         if plan.rollouts is not None and plan.rollouts.rollouts:
             doc = doc.model_copy(update={"rollouts": views.rollout_views(plan.rollouts)})
+        if st.queues and plan.carry is not None:  # bounded: wire.queues.MAX_QUEUES
+            doc = doc.model_copy(update={"queues": views_of(st.queues, plan.carry.ledger)})
         full = summary.model_copy(
             update={
                 "passes": st.passes + 1,
@@ -115,6 +119,9 @@ class Presentation(Handlers):
                 + (f"; {st.rollout_waiting[name]}" if st.rollout_waiting.get(name) else "")
                 for name, r in sorted(st.rollouts.items())
             )
+        if st.queues and st.carry is not None:  # teams sharing the cluster: their quotas
+            shown = views_of(st.queues, st.carry.ledger)
+            text += "\n\nQueues:\n" + "\n".join(queue_text.lines(shown))
         workflow.set_current_details(text)
         self._search_attributes()
 
@@ -138,6 +145,9 @@ class Presentation(Handlers):
         meter = workflow.metric_meter().with_additional_attributes({"cluster": self.st.cluster})
         for m in metrics.pass_metrics(plan, self.st.nodes.values(), elapsed):
             _emit(meter, m)
+        if self.st.queues and plan.carry is not None:
+            for m in metrics.queue_metrics(views_of(self.st.queues, plan.carry.ledger)):
+                _emit(meter, m)
         if elapsed > self.longest_plan:
             self.longest_plan = elapsed
             meter.create_gauge_float(

@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.core.autoscale import AutoscaleState, next_due
     from forge.core.models import AssignmentStatus, Job, Node, NodeState
     from forge.core.placement import Binding
+    from forge.core.quota import QueueSpec
     from forge.core.reconcile import Carry, FailureHistory, PendingEntry, Plan
     from forge.core.rolling import GroupRollout
     from forge.core.sharing import SharedGroups
@@ -27,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from forge.wire import views
 
 __all__ = ["LoopState", "binding_from_row", "binding_row", "hash_binding", "worker_clock"]
+_NO_WAKE = ("deferred", "failed", "queued")  # no clock ends these: a pass or a change does
 _CLOCKS = (("batch_started", "active_deadline"), ("batch_finished", "ttl_after_finished"))
 
 
@@ -57,8 +59,7 @@ class LoopState:
     signals_dropped: int = 0
     last_dropped: str = ""
     state_sum: int = 0  # binding_hash summed over self.bindings
-    # the last pass's allocations and indexes (forge.core.reconcile.Carry): the next
-    # pass re-checks only what changed; None after a (re)load
+    # the last pass's allocations and indexes (Carry): None after a (re)load
     carry: Carry | None = None
     last_pass: str = "not yet run"
     last_pass_at: float | None = None
@@ -83,8 +84,7 @@ class LoopState:
     # the jobs whose object may have changed since the last pass (None: any may
     # have, compare them all), so a pass never walks every job to find out
     jobs_changed: dict[str, None] | None = None
-    # the jobs with an autoscaled group, kept with ``jobs`` (load_jobs)
-    autoscaled: dict[str, None] = field(default_factory=dict)
+    autoscaled: dict[str, None] = field(default_factory=dict)  # with an autoscaled group
     # one object per distinct group spec, shared by the jobs that have it: the
     # cluster's jobs cost a record each, not a dozen tracked objects (kept per run)
     shared: SharedGroups = field(default_factory=SharedGroups)
@@ -118,6 +118,7 @@ class LoopState:
     batch_check: dict[str, None] = field(default_factory=dict)  # finished? (this pass)
     batch_removed: dict[str, c.JobState] = field(default_factory=dict)  # by their ttl
     batch_ends: bool = False  # the failed-batch-job-ends patch, asked each pass
+    queues: dict[str, QueueSpec] = field(default_factory=dict)  # by name (workflows.queues)
 
     @classmethod
     def start(cls, inp: c.ClusterInput) -> LoopState:
@@ -156,6 +157,7 @@ class LoopState:
             batch_started=dict(cp.batch_started),
             batch_finished=dict(cp.batch_finished),
             batch_removed=dict(cp.batch_removed),
+            queues=dict(cp.queues),
             # a rollout's clocks are reconsidered by the first pass of the new run
             rollout_wake=0.0 if cp.rollouts else None,
         )
@@ -194,6 +196,7 @@ class LoopState:
             batch_started=self.batch_started,
             batch_finished=self.batch_finished,
             batch_removed=self.batch_removed,
+            queues=self.queues,
         )
 
     def watch_input(self) -> ac.WatchIn:
@@ -211,10 +214,9 @@ class LoopState:
         """The earliest deadline (backoff expiry, autoscale tick, resync), and why."""
         wake: float | None = None
         why = ""
-        # A deadline that passed while the last pass persisted (a slow store) is
-        # still a deadline: it makes the loop run a pass at once, not sleep on.
+        # A deadline that passed while the last pass persisted is still one: a pass at once
         for e in self.pending.values():
-            if e.kind not in ("deferred", "failed") and (wake is None or e.not_before < wake):
+            if e.kind not in _NO_WAKE and (wake is None or e.not_before < wake):
                 wake, why = e.not_before, f"{e.kind} expiry"
         for job_id in sorted(self.autoscaled):
             job = self.jobs[job_id]

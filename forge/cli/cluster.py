@@ -131,7 +131,8 @@ async def _running(fc: ForgeClient) -> bool:
         "[{id, state, cpu: {capacity, allocated}, memory: {capacity, allocated}, gpus: "
         "{total, allocated}, usage (with agents): {cpu, memory, reporting, ports: "
         "[{workload_id, name, port}]}}], assignments: [{workload_id, node, gpu_ids, status}], "
-        "pending: [{workload_id, reasons}]}. Units: millicores, MiB."
+        "pending: [{workload_id, reasons}], queues: [{spec, usage, bound, queued}]}. "
+        "Units: millicores, MiB; a queue's gpu usage in milli-devices."
     ),
 )
 @temporal_options

@@ -9,7 +9,6 @@ from typing import cast
 
 import click
 
-from forge import render
 from forge.cli import plan_output
 from forge.cli.params import Checked, nonnegative_int, permille
 from forge.cli.remote import print_json
@@ -20,6 +19,7 @@ from forge.core.placement.select import DEFAULT_CANDIDATES, WIDER_WINDOW, defaul
 from forge.core.plan import DEFAULT_GPU_RESERVE
 from forge.core.reconcile import Plan, ReconcileOptions, reconcile
 from forge.loaders import load_jobs, load_nodes
+from forge.spinner import Spinner
 
 __all__ = ["COMMANDS", "plan", "plan_passes", "replica_count"]
 
@@ -150,7 +150,7 @@ def plan(
     )
     show = sys.stderr.isatty() and not (as_json and not sys.stdout.isatty())
     message = f"planning {replicas:,} replicas on {len(node_list):,} nodes..."
-    with render.Spinner(message, enabled=show):
+    with Spinner(message, enabled=show):
         result, seconds = plan_passes(node_list, running_list, job_list, options)
     if as_json:
         print_json(plan_output.plan_json(result, seconds))

@@ -25,6 +25,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = {
     "plan": ("forge.cli.plan:plan", "dry-run one placement pass offline (no server)"),
     "job": ("forge.cli.job:job", "validate, run, scale, stop and list jobs"),
     "node": ("forge.cli.node:node", "add, remove, drain nodes; report loss and heartbeats"),
+    "queue": ("forge.cli.queue:queue", "declare queues and quotas; show their usage"),
     "cluster": ("forge.cli.cluster:cluster", "manage the cluster workflow"),
     "status": ("forge.cli.cluster:status", "show counts, nodes and pending replicas"),
     "explain": (

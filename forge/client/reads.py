@@ -19,6 +19,7 @@ from forge.core.placement import Binding
 from forge.stores.base import Store
 from forge.wire import contract as c
 from forge.wire import views
+from forge.wire.queues import QueueView
 
 __all__ = [
     "STORE_PAGE",
@@ -33,6 +34,7 @@ __all__ = [
     "job_state",
     "node_usage",
     "published",
+    "queues",
     "status",
 ]
 
@@ -95,7 +97,15 @@ def status(
         preemptions=doc.preemptions if doc is not None else 0,
         resets=doc.resets if doc is not None else 0,
         last_reset=doc.last_reset if doc is not None else "",
+        queues=doc.queues if doc is not None else [],
     )
+
+
+def queues(store: Store, cluster: str) -> list[QueueView] | None:
+    """Each queue as the last pass that changed something published it; None when
+    the loop has published nothing yet (then only the loop knows)."""
+    doc = published(store, cluster)
+    return None if doc is None else doc.queues
 
 
 def node_usage(

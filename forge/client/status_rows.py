@@ -24,9 +24,12 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge.core.limits import GPU_MILLI
+
+if TYPE_CHECKING:
+    from forge.wire.queues import QueueView
 
 __all__ = ["SCHEMA_VERSION", "Rows", "read", "sqlite_file"]
 
@@ -117,6 +120,7 @@ class Rows:
     resets: int = 0
     last_reset: str = ""
     assignments: list[Binding] = field(default_factory=list)
+    queues: list[QueueView] = field(default_factory=list)
 
 
 def sqlite_file(url: str) -> str | None:
@@ -191,9 +195,8 @@ def _read(conn: sqlite3.Connection, cluster: str, with_bindings: bool) -> Rows |
         if not with_bindings:  # only the nodes accounted one by one
             query += " AND node IN (SELECT value FROM json_each(?))"
             args += (json.dumps(sorted(one_by_one)),)
-        for w, node, g, st, cpu, memory, milli in conn.execute(
-            query + " ORDER BY workload_id", args
-        ):
+        rows = conn.execute(query + " ORDER BY workload_id", args)
+        for w, node, g, st, cpu, memory, milli in rows:
             if node in one_by_one or with_bindings:
                 gpu_ids = json.loads(g) if g != "[]" else []
                 if node in one_by_one:
@@ -230,7 +233,17 @@ def _read(conn: sqlite3.Connection, cluster: str, with_bindings: bool) -> Rows |
         resets=int(doc.get("resets", 0)),
         last_reset=str(doc.get("last_reset", "")),
         assignments=found,
+        queues=_queues(doc.get("queues", [])),
     )
+
+
+def _queues(raw: list[Any]) -> list[QueueView]:
+    """The published queues (a cluster without queues imports no model for them)."""
+    if not raw:
+        return []
+    from forge.wire.queues import QueueView
+
+    return [QueueView.model_validate(v) for v in raw]
 
 
 def _by_id(a: _Alloc) -> str:

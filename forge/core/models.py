@@ -65,6 +65,7 @@ from forge.core.policies import (
     ReschedulePolicy,
     ScalingPolicy,
 )
+from forge.core.quota import DEFAULT_QUEUE
 from forge.core.request import Request
 from forge.core.rollout import UpdatePolicy
 
@@ -241,8 +242,6 @@ class TaskGroup(Evolving):
 
     @model_validator(mode="after")
     def _one_spread_per_label(self) -> Self:
-        if len(self.spread) < 2:
-            return self  # the common case, without a list per group
         labels = [r.label for r in self.spread]
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
@@ -328,7 +327,9 @@ class TaskGroup(Evolving):
 
 
 class Job(Evolving):
-    _new_fields = ("preemption", "type", "schedule", "active_deadline", "ttl_after_finished")
+    _new_fields = (
+        "preemption", "type", "schedule", "active_deadline", "ttl_after_finished", "queue",
+    )  # fmt: skip
 
     id: Name = Field(default="", validate_default=False)
     name: Name
@@ -344,6 +345,7 @@ class Job(Evolving):
     #: from its end (complete or failed) until the loop removes it and its records
     active_deadline: Seconds | None = None
     ttl_after_finished: Seconds | None = None
+    queue: Name = DEFAULT_QUEUE  # whose quota its replicas count against (forge.core.quota)
 
     @model_validator(mode="before")
     @classmethod
@@ -356,8 +358,6 @@ class Job(Evolving):
 
     @model_validator(mode="after")
     def _unique_groups(self) -> Self:
-        if len(self.groups) < 2:
-            return self
         names = [g.name for g in self.groups]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

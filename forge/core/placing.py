@@ -8,24 +8,28 @@ for the phases after it: those asking no GPU that the GPU reservation turned awa
 are tried once more when it is lifted, and, with preemption on, every refused one
 may evict lower-priority work (:mod:`forge.core.preempting`).
 
-The per-replica loop is the hot path of a large first pass (50,000 replicas): it
-keeps what it reads in local variables and calls out only for the rare cases.
-"""
+The per-replica loop is the hot path of a large first pass (50,000 replicas): it keeps
+what it reads in local variables and calls out only for the rare cases."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import replace
+from functools import partial
 from math import inf
 
+from forge.core.admitting import Gate
 from forge.core.groups import Bound, Group, GroupKey, Groups
 from forge.core.models import Constraint, Job, Request, TaskGroup, workload_id
-from forge.core.placement import Binding, Choice, Diagnosis, Placer, Topology, diagnosis_text
-from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
+from forge.core.placement import Choice, Diagnosis, Placer, Topology, diagnosis_text
+from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions, binding
 from forge.core.preempting import PREEMPTED, Wanted
 from forge.core.queue import Parked, SortKey
 from forge.core.waiting import Deferred, backoff_delay, past_cap, waiting
 
-__all__ = ["Placing", "binding"]
+__all__ = ["Placing"]
+
+DEFERRED = "deferred to the next pass (per-pass placement or work limit)"
 
 
 class Placing:
@@ -53,8 +57,11 @@ class Placing:
         budget: int,
         parked: dict[GroupKey, Parked[PendingEntry]] | None = None,
         done: Mapping[GroupKey, Collection[int]] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.plan, self.groups, self.placer = plan, groups, placer
+        #: the admit stage (forge.core.admitting; None: no queue has a quota)
+        self.gate = gate
         #: batch groups' completed ordinals: never placed again (forge.core.kinds)
         self.done: Mapping[GroupKey, Collection[int]] = done or {}
         #: groups whose replicas all waited, carried between passes (Parked); a pass
@@ -63,15 +70,14 @@ class Placing:
         self.pending, self.failures, self.just_failed = pending, failures, just_failed
         self.bound, self.options, self.now = bound, options, now
         self.capacity_freed, self.budget = capacity_freed, budget
-        self.placed = 0
-        self.visited = 0
+        self.placed = self.visited = 0
         self.gpu_waiting = False
         self.held_back: list[Wanted] = []
         self.wanted: list[Wanted] = []
         self.deferred: list[Deferred] = []
         #: with ``refill_waiting``: the groups (in placement order) some of whose
         #: replicas kept a backoff from an earlier pass untried; a preemption's
-        #: freed room is offered to them too (:meth:`waiters`)
+        #: freed room is offered to them too (forge.core.preempting.waiters)
         self.waited: list[GroupKey] = []
         #: where in ``visit`` the budget stopped the pass: the groups from here on
         #: were deferred whole, untouched (None: every group was visited)
@@ -80,11 +86,7 @@ class Placing:
         self.tail: list[GroupKey] = []
         self.tail_left = 0
         # one shared instance: 100,000 deferred replicas are cheap
-        self._deferred_entry = PendingEntry(
-            kind="deferred",
-            not_before=now,
-            reasons=("deferred to the next pass (per-pass placement or work limit)",),
-        )
+        self._deferred_entry = PendingEntry(kind="deferred", not_before=now, reasons=(DEFERRED,))
         self._backoff: dict[tuple[int, tuple[str, ...]], PendingEntry] = {}
         # per class and pass: a pending class's answers do not change within the pass
         # (could_ever_fit looks at total capacity; a diagnosis is formatted once), keyed
@@ -99,16 +101,18 @@ class Placing:
     def run(self, visit: list[tuple[SortKey, GroupKey]], last_asking: SortKey | None) -> None:
         """Visit the groups in order, then retry the held-back replicas."""
         placer, groups, bound = self.placer, self.groups, self.bound
-        # The reservation keeps GPU nodes for waiting GPU work; once the last job asking
-        # GPUs had its turn and no GPU replica is unbound, the rest of the pass may use
-        # all cpu and memory (else a tight cluster with unwanted GPUs leaves work pending).
+        # GPU nodes are kept for GPU work until the last job asking GPUs had its turn with
+        # none unbound (else a tight cluster with unwanted GPUs leaves work pending).
         lift_checked = not placer.reserving  # checked once, as a walk would
         for i, (order, key) in enumerate(visit):
             if not lift_checked and (last_asking is None or order > last_asking):
                 lift_checked = True  # past the last job asking GPUs
                 if placer.reserving and not self.gpu_waiting:
                     placer.lift_reservation()
-            if self._group(groups[key], bound.get(key, 0)):
+            stop = self._group(groups[key], bound.get(key, 0))
+            if self.gate is not None:  # what a group admitted at once is taken now
+                self.gate.end()
+            if stop:
                 self.stop = i + 1
                 break
         if self.stop is not None and self.stop < len(visit):
@@ -131,6 +135,10 @@ class Placing:
                 )
             if self.done:
                 self.tail_left -= sum(len(self.done.get(key) or ()) for key in self.tail)
+        if self.gate is not None:  # the borrowers the walk set aside, in fair-share order
+            limit = self.options.max_placements
+            for wids in self.gate.share_out(lambda n: self.placed + n <= limit):
+                self._defer(wids)  # (a pass's placement limit left them)
         self._retry_held_back()
 
     def _group(self, entry: Group, bound: int) -> bool:
@@ -152,7 +160,10 @@ class Placing:
         bound += len(finished)  # done ordinals count as held: nothing to place
         if topo is None and self._still_parked(key, entry, bound):
             return False
-        waiting_now, note_wait = 0, options.refill_waiting and room is None
+        queued = self.gate is not None and self.gate.limited(job)  # queued ones never refill
+        waiting_now, note_wait = 0, options.refill_waiting and room is None and not queued
+        gate = self.gate  # a group its queue admits whole (begin) waits for nothing
+        asks = queued and not (gate and topo is None and gate.begin(job, req, desired - bound))
         walked: dict[str, PendingEntry] | None = {} if topo is None else None
         for ordinal in range(desired):
             wid = workload_id(job.id, g.name, ordinal)
@@ -185,24 +196,64 @@ class Placing:
                 plan.pending[wid] = self._deferred_entry
                 self._note_gpu(req, constraints)
                 continue
-            avoid = hist.last_node if hist else None
-            if topo is None:
-                choice = placer.place(req, constraints, avoid=avoid)
-            else:
-                choice = placer.place_with(req, constraints, topo, avoid=avoid)
-            if choice is None:
-                self._refused(Wanted(wid, job, g, ordinal, req), prev, topo)
+            w = Wanted(wid, job, g, ordinal, req) if asks else None
+            later = partial(partial, self._borrow, w, topo, prev) if w else None
+            want, ok = self._place(job, g, ordinal, wid, req, topo, later)
+            if not ok:
+                if want is not None:  # refused by the placer
+                    self._refused(Wanted(wid, job, g, ordinal, want), prev, topo)
+                elif w and topo is None and self.gate and self.gate.reclaims(wid):
+                    self.wanted.append(w)  # queued below its nominal: may reclaim
                 waiting_now += 1
                 continue
-            if topo is not None:
-                topo.add(choice.node.node)
-            b = binding(job, g, ordinal, choice, req, options)
-            bindings[wid] = b
-            plan.placed.append(b)
-            self.placed += 1
             bound += 1
         self._park(key, entry, bound, walked)
         return False
+
+    def _place(
+        self,
+        job: Job,
+        g: TaskGroup,
+        ordinal: int,
+        wid: str,
+        req: Request,
+        topo: Topology | None,
+        later: partial[partial[None]] | None = None,
+    ) -> tuple[Request | None, bool]:
+        """Admit (with a gate) and place one replica: the request it was placed
+        with or refused (None: its queue did not admit it, or set it aside to
+        borrow in fair-share order: ``later``), and whether it was bound."""
+        gate = self.gate
+        want = req if gate is None else gate.ask(job, req, (wid,), later)
+        if want is None:
+            return None, False
+        hist = self.failures.get(wid)
+        avoid = hist.last_node if hist else None
+        if topo is None:
+            choice = self.placer.place(want, g.constraints, avoid=avoid)
+        else:
+            choice = self.placer.place_with(want, g.constraints, topo, avoid=avoid)
+        if choice is None:
+            return want, False
+        if topo is not None:
+            topo.add(choice.node.node)
+        b = binding(job, g, ordinal, choice, want, self.options)
+        if gate is not None:
+            gate.bound(job, b, choice.node.node, wid)
+        self.plan.bindings[wid] = b
+        self.plan.placed.append(b)
+        self.placed += 1
+        return want, True
+
+    def _borrow(self, w: Wanted, topo: Topology | None, prev: PendingEntry | None) -> None:
+        """A borrower's turn in the fair-share round (:meth:`Gate.share_out`)."""
+        want, ok = self._place(w.job, w.group, w.ordinal, w.wid, w.req, topo)
+        if ok:
+            del self.plan.pending[w.wid]  # the entry it waited its turn with
+        elif want is not None:
+            self._refused(replace(w, req=want), prev, topo)
+        elif topo is None and self.gate is not None and self.gate.reclaims(w.wid):
+            self.wanted.append(w)  # below a richer borrower's share: may take it
 
     def _runs(self, key: GroupKey, g: TaskGroup, bound: int) -> tuple[Collection[int], int | None]:
         """A batch group's done ordinals, and how many runs its ``parallelism`` lets
@@ -249,37 +300,6 @@ class Placing:
         until = min((w.not_before for w in walked.values() if w.kind != "failed"), default=inf)
         backoff = any(w.kind == "backoff" for w in walked.values())
         self.parked[key] = Parked(entry, bound, until, backoff, walked)
-
-    def waiters(self, work_left: int = 0) -> list[Wanted]:
-        """The replicas this pass left waiting out a backoff an earlier pass gave
-        them (their entry kept as it was, untried), in placement order: the room a
-        preemption frees may take them (``Phase.refill``). Walks only the groups
-        :attr:`waited` names, one unit of work per replica looked at, and (with a
-        budget) no group once ``work_left`` units are spent: those after wait on."""
-        out: list[Wanted] = []
-        given, pending, bindings = self.pending, self.plan.pending, self.plan.bindings
-        walked = 0
-        for key in self.waited:
-            if work_left and walked >= work_left:
-                break
-            entry = self.groups.get(key)
-            if entry is None:  # pragma: no cover - a visited group is indexed
-                continue
-            job, g, req = entry
-            for ordinal in range(g.scaling.desired):
-                wid = workload_id(job.id, g.name, ordinal)
-                e = pending.get(wid)
-                # kept as given (neither tried this pass nor a victim of it), unbound
-                if (
-                    e is not None
-                    and e.kind == "backoff"
-                    and e is given.get(wid)
-                    and wid not in bindings
-                ):
-                    out.append(Wanted(wid, job, g, ordinal, req))
-            walked += g.scaling.desired
-        self.visited += walked
-        return out
 
     def _gang(self, entry: Group, topo: Topology | None) -> bool:
         """Place a gang's missing replicas together or not at all (see
@@ -334,7 +354,7 @@ class Placing:
             for _, wid in missing:
                 plan.pending[wid] = self._deferred_entry
         else:
-            self._try_gang(entry, missing, topo, refused=True)
+            self._try_gang(entry, missing, topo, refused=True, later=True)
             return False
         self._note_gpu(req, g.constraints)
         return False
@@ -346,11 +366,18 @@ class Placing:
         topo: Topology | None,
         *,
         refused: bool,
+        later: bool = False,
     ) -> bool:
         """One all-or-nothing try; binds every member or (``refused``) backs each
         off with the gang's reason. True when bound."""
         job, g, req = entry
-        plan, options, n = self.plan, self.options, len(missing)
+        plan, options, n, gate = self.plan, self.options, len(missing), self.gate
+        if gate is not None:  # admitted whole or not at all
+            again = partial(partial, self._try_gang, entry, missing, topo, refused=True)
+            want = gate.ask(job, req, (wid for _, wid in missing), again if later else None)
+            if want is None:
+                return False
+            req = want
         if n > options.max_placements:
             result: list[Choice] | tuple[int, Diagnosis | None] = (0, None)
         else:
@@ -358,6 +385,8 @@ class Placing:
         if isinstance(result, list):
             for (ordinal, wid), choice in zip(missing, result, strict=True):
                 b = binding(job, g, ordinal, choice, req, options)
+                if gate is not None:
+                    gate.bound(job, b, choice.node.node)
                 plan.bindings[wid] = b
                 plan.placed.append(b)
                 plan.pending.pop(wid, None)
@@ -393,7 +422,8 @@ class Placing:
         placer, req, constraints = self.placer, w.req, w.group.constraints
         if not req.gpu and placer.reserving:
             self.held_back.append(w)
-        if self.options.preemption and topo is None:
+        gate = self.gate  # (a queued job's preempts only to reclaim its nominal)
+        if self.options.preemption and topo is None and (not gate or gate.may_reclaim(w.job, req)):
             self.wanted.append(w)
         attempts = (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
         if topo is not None and topo.why is not None:
@@ -455,10 +485,9 @@ class Placing:
         self.gpu_waiting = fits
 
     def _retry_held_back(self) -> None:
-        """Replicas without GPUs that the reservation refused: tried again once it
-        is lifted (or GPU placements after the refusal freed reservation: the placer
-        re-admits those nodes), so nothing that fits is left pending (invariant 4).
-        Gangs too, each whole."""
+        """Replicas without GPUs (and gangs, whole) the reservation refused: tried again
+        once it is lifted or GPU placements freed reservation (the placer re-admits
+        those nodes), so nothing that fits is left pending (invariant 4)."""
         placer, plan, limit = self.placer, self.plan, self.options.max_placements
         held = self.held_back or self._held_gangs
         if held and placer.reserving and not self.gpu_waiting:
@@ -472,58 +501,29 @@ class Placing:
                 if self.options.held_back_deferred:
                     self._defer_held_back(self.held_back[n:])
                 break  # (before held_back_deferred they kept their backoff entries)
-            hist = self.failures.get(w.wid)
-            avoid = hist.last_node if hist else None
             topo = self._topologies.get((w.job.id, w.group.name))
-            if topo is None:
-                choice = placer.place(w.req, w.group.constraints, avoid=avoid)
-            else:
-                choice = placer.place_with(w.req, w.group.constraints, topo, avoid=avoid)
-            if choice is None:
-                continue
-            if topo is not None:
-                topo.add(choice.node.node)
-            b = binding(w.job, w.group, w.ordinal, choice, w.req, self.options)
-            plan.bindings[w.wid] = b
-            plan.placed.append(b)
-            del plan.pending[w.wid]
-            self.placed += 1
+            if self._place(w.job, w.group, w.ordinal, w.wid, w.req, topo)[1]:
+                del plan.pending[w.wid]
 
     def _defer_held_back(self, held: list[Wanted]) -> None:
-        """The held-back replicas the placement limit kept from their retry: the
-        reservation no longer turns them away, so they are deferred like the
-        replicas the limit stopped before (tried at the next pass, which runs at
-        once), not left waiting out the backoff of a refusal that no longer holds.
-        A budgeted pass counts them without an entry, as it counts its deferrals.
-        Nor do they preempt: a node can take them now."""
+        """The held-back replicas the placement limit kept from their retry: deferred
+        like those the limit stopped before (the next pass runs at once), not left
+        waiting out a refusal that no longer holds; nor do they preempt."""
+        deferred = [w.wid for w in held]  # in order: the plan's entries are ordered
+        self.wanted = [w for w in self.wanted if w.wid not in set(deferred)]
+        self._defer(deferred)
+
+    def _defer(self, wids: Collection[str]) -> None:
+        """Defer ``wids`` to the next pass, which runs at once (a budgeted pass: no entry)."""
         plan = self.plan
-        deferred = {w.wid for w in held}
-        self.wanted = [w for w in self.wanted if w.wid not in deferred]
-        for w in held:
+        plan.deferred += len(wids)
+        for wid in wids:
             if self.budget:
-                del plan.pending[w.wid]
+                del plan.pending[wid]
             else:
-                plan.pending[w.wid] = self._deferred_entry
-            plan.deferred += 1
+                plan.pending[wid] = self._deferred_entry
 
 
 def _attempts(prev: PendingEntry | None) -> int:
     """The attempt a refusal now makes, after ``prev``."""
     return (prev.attempts if prev and prev.kind == "backoff" else 0) + 1
-
-
-def binding(
-    job: Job, g: TaskGroup, ordinal: int, choice: Choice, req: Request, options: ReconcileOptions
-) -> Binding:
-    """The binding a placement makes (with rollouts on, recording the group version)."""
-    return Binding(
-        job.id,
-        g.name,
-        ordinal,
-        choice.node.id,
-        choice.gpu_ids,
-        req.cpu,
-        req.memory,
-        gpu_milli=req.gpu_milli,
-        version=g.version if options.rollouts else "",
-    )

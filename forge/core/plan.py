@@ -18,6 +18,8 @@ from forge.core.placement import DEFAULT_CANDIDATES, Binding
 from forge.core.placement.scorers import Algorithm
 
 if TYPE_CHECKING:
+    from forge.core.models import Job, Request, TaskGroup
+    from forge.core.placement import Choice
     from forge.core.release import Carry
     from forge.core.rolling import RolloutPlan
 
@@ -29,6 +31,7 @@ __all__ = [
     "Plan",
     "Preempted",
     "ReconcileOptions",
+    "binding",
 ]
 
 
@@ -186,13 +189,14 @@ class PendingEntry(BaseModel):
 
     kind: ``backoff`` (no node fit), ``reschedule`` (failed; waiting the policy's
     delay), ``exhausted`` (failed too often within the policy's interval: tried
-    again at ``not_before``), ``failed`` (never tried again: its end was fatal,
-    ``FailureHistory.fatal``; no deadline, so nothing wakes the loop for it).
+    again at ``not_before``), ``queued`` (its queue's quota is spent: tried at the
+    next pass, forge.core.admitting), ``failed`` (never tried again: its end was
+    fatal, ``FailureHistory.fatal``; no deadline, so nothing wakes the loop for it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["backoff", "reschedule", "exhausted", "deferred", "failed"] = "backoff"
+    kind: Literal["backoff", "reschedule", "exhausted", "deferred", "failed", "queued"] = "backoff"
     attempts: int = 0
     not_before: float = 0.0
     reasons: tuple[str, ...] = ()
@@ -262,3 +266,20 @@ class Plan:
     @property
     def changed(self) -> bool:
         return bool(self.placed or self.released)
+
+
+def binding(
+    job: Job, g: TaskGroup, ordinal: int, choice: Choice, req: Request, options: ReconcileOptions
+) -> Binding:
+    """The binding a placement makes (with rollouts on, recording the group version)."""
+    return Binding(
+        job.id,
+        g.name,
+        ordinal,
+        choice.node.id,
+        choice.gpu_ids,
+        req.cpu,
+        req.memory,
+        gpu_milli=req.gpu_milli,
+        version=g.version if options.rollouts else "",
+    )

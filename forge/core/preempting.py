@@ -16,16 +16,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
-from forge.core.groups import Groups
-from forge.core.models import Job, Request, TaskGroup
+from forge.core.admitting import Gate
+from forge.core.groups import GroupKey, Groups
+from forge.core.models import Job, Request, TaskGroup, workload_id
 from forge.core.placement import Binding, Cluster, NodeAlloc, Placer
 from forge.core.plan import FailureHistory, PendingEntry, Plan, Preempted, ReconcileOptions
-from forge.core.preemption import Holder, Search, find
+from forge.core.preemption import Holder, Preemption, Search, find
 from forge.core.queue import sort_key
+from forge.core.reclaiming import ByQueue, evictable, trade_victims
 from forge.core.release import Carry
 
-__all__ = ["PREEMPTED", "Phase", "Wanted"]
+__all__ = ["PREEMPTED", "Phase", "Wanted", "floor_of", "waiters"]
 
 #: How a victim's pending reason starts ("preempted by JOB/GROUP/N at T"); a victim
 #: refused again keeps it before the placer's reason until it is bound.
@@ -65,11 +68,15 @@ class Phase:
     #: now, read live from the pass (forge.core.disruption); None: preemption counts
     #: its own evictions against the bound count before the pass's placements
     ledger: Callable[[tuple[str, str]], int | None] | None = None
+    #: the admit stage: a queued replica refused within its nominal quota reclaims
+    #: it from its cohort's borrowers, at any priority (forge.core.admitting)
+    gate: Gate | None = None
     work: int = 0
     #: no bound replica's priority is below this (``Carry.floor``)
     floor: int = 1
     preempted_groups: set[tuple[str, str]] = field(default_factory=set)
     _holders: dict[str, list[Holder]] = field(default_factory=dict)
+    _by_queue: ByQueue | None = None
     _by_node: dict[str, list[str]] | None = None
     _spent: dict[tuple[str, str], int] = field(default_factory=dict)
     _failed: set[tuple[int, int, int]] = field(default_factory=set)
@@ -94,7 +101,9 @@ class Phase:
                     continue
                 hist = self.failures.get(w.wid)
                 limit = w.job.priority - self.options.min_gap
-                if hist is not None and hist.preempted_cap:
+                if self.gate is not None and self.gate.limited(w.job):
+                    limit = 100  # a reclaim: victims by queue, not by priority
+                elif hist is not None and hist.preempted_cap:
                     limit = min(limit, hist.preempted_cap)
                 if limit < self.floor:
                     continue  # nothing bound is low enough to be a victim
@@ -134,6 +143,8 @@ class Phase:
             order = [w for w in order if not w.group.topology]
         if self.options.gangs:  # so does a gang (placed together, never one by one)
             order = [w for w in order if not w.group.gang]
+        if self.gate is not None:  # and a queued job's: its queue admits it, next pass
+            order = [w for w in order if not self.gate.limited(w.job)]
         made = 0
         start = placer.work
         for w in order:
@@ -183,15 +194,28 @@ class Phase:
             nodes = self._eligible[ekey] = self.placer.eligible(w.req, w.group.constraints)
         search = Search(limit=limit, cooling=self._cooling, budget=self._budget)
         left = max(1, work_left - self.work) if work_left else 0
+        gate = self.gate if self.gate is not None and self.gate.limited(w.job) else None
+        holders: Callable[[str], list[Holder]] = self._holders_of
+        if gate is not None:  # a reclaim: of its cohort's borrowers only
+            if self._by_queue is None:
+                self._by_queue = ByQueue(self._holders_of, self.groups)
+            claim, by_queue = gate.claim(w.job, w.req), self._by_queue
+            holders = partial(evictable, gate, claim, by_queue, self.groups, self.cluster)
+        # a claim's search reads each node's holders by queue: a node costs about
+        # as many units as it holds replicas (the pass's mean), not one
+        cost = 1 if gate is None else 1 + len(self.plan.bindings) // max(len(self.cluster.nodes), 1)
         choice, work, self._start = find(
-            w.req, nodes, self._holders_of, search, start=self._start, work_left=left
+            w.req, nodes, holders, search, start=self._start, work_left=left, node_cost=cost
         )
         self.work += work
         if choice is None:
             self._failed.add(key)
             return False
-        node = choice.node
-        for v in choice.victims:
+        extra = [] if gate is None else self._trade(w, gate, choice)
+        if extra is None:
+            return False  # its quota is not freed (another node may do)
+        node, victims = choice.node, (*choice.victims, *extra)
+        for v in victims:
             self._evict(v, w.wid)
         gpu_ids = node.allocate(w.req)
         b = Binding(
@@ -206,14 +230,27 @@ class Phase:
             version=w.group.version if self.options.rollouts else "",
         )
         self.bind(w.job, w.group, w.ordinal, b)
+        if gate is not None:
+            gate.bound(w.job, b, node.node)
         self.plan.pending.pop(w.wid, None)
         self._holders.pop(node.id, None)
-        if choice.victims:  # (none: an earlier preemption left room enough here)
+        if self._by_queue is not None:
+            self._by_queue.drop(node.id)
+        if victims:  # (none: an earlier preemption left room enough here)
             self.plan.preemptions.append(
-                Preempted(w.wid, node.id, tuple(v.wid for v in choice.victims), self.now)
+                Preempted(w.wid, node.id, tuple(v.wid for v in victims), self.now)
             )
         self._failed.clear()  # capacity moved: other classes may find room now
         return True
+
+    def _trade(self, w: Wanted, gate: Gate, choice: Preemption) -> list[Holder] | None:
+        """The victims beside the node's a reclaim needs to free its quota ([]:
+        none), or None (forge.core.reclaiming)."""
+        skip = {v.wid for v in choice.victims} | {b.workload_id for b in self.plan.placed}
+        return trade_victims(
+            w.job, w.req, choice, gate, bindings=self.plan.bindings, groups=self.groups,
+            cluster=self.cluster, skip=skip, cooling=self._cooling, budget=self._budget,
+        )  # fmt: skip
 
     def _evict(self, v: Holder, by: str) -> None:
         b = v.binding
@@ -304,3 +341,50 @@ def _index(bindings: Mapping[str, Binding], skip: set[str]) -> dict[str, list[st
         if wid not in skip:
             out.setdefault(b.node, []).append(wid)
     return out
+
+
+def waiters(
+    waited: list[GroupKey],
+    groups: Groups,
+    given: Mapping[str, PendingEntry],
+    plan: Plan,
+    work_left: int = 0,
+) -> tuple[list[Wanted], int]:
+    """The replicas a pass left waiting out a backoff an earlier pass gave them (their
+    entry kept as ``given``, untried), in placement order: the room a preemption
+    frees may take them (:meth:`Phase.refill`). Walks only the ``waited`` groups, one
+    unit of work per replica looked at, and (with a budget) no group once
+    ``work_left`` units are spent: those after wait on. Returns them and the work."""
+    out: list[Wanted] = []
+    pending, bindings = plan.pending, plan.bindings
+    walked = 0
+    for key in waited:
+        if work_left and walked >= work_left:
+            break
+        entry = groups.get(key)
+        if entry is None:  # pragma: no cover - a visited group is indexed
+            continue
+        job, g, req = entry
+        for ordinal in range(g.scaling.desired):
+            wid = workload_id(job.id, g.name, ordinal)
+            e = pending.get(wid)
+            # kept as given (neither tried this pass nor a victim of it), unbound
+            if (
+                e is not None
+                and e.kind == "backoff"
+                and e is given.get(wid)
+                and wid not in bindings
+            ):
+                out.append(Wanted(wid, job, g, ordinal, req))
+        walked += g.scaling.desired
+    return out, walked
+
+
+def floor_of(plan: Plan, groups: Groups) -> int:
+    """The lowest job priority among the bindings a pass kept (its placements are
+    no victims): a pass without a carry walks its bindings anyway."""
+    placed = {b.workload_id for b in plan.placed}
+    prios = [
+        groups[(b.job, b.group)].job.priority for w, b in plan.bindings.items() if w not in placed
+    ]
+    return min(prios, default=101)

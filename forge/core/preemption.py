@@ -99,12 +99,15 @@ def find(
     start: int = 0,
     candidates: int = PREEMPT_CANDIDATES,
     work_left: int = 0,
+    node_cost: int = 1,
 ) -> tuple[Preemption | None, int, int]:
     """The best preemption for ``req`` among ``nodes`` (the statically eligible
     ones, in the pass's order), looking from ``start`` round the list until
     ``candidates`` feasible nodes were compared or ``work_left`` units (0: no
-    limit) are spent. Returns (the choice or None, the work spent, where the next
-    search of the pass should start). The nodes are left as they were."""
+    limit) are spent, each node costing ``node_cost`` units besides its candidates
+    (more than one where ``holders`` reads more than it returns). Returns (the choice
+    or None, the work spent, where the next search of the pass should start). The
+    nodes are left as they were."""
     best: Preemption | None = None
     best_pos = 0
     found = 0
@@ -115,7 +118,7 @@ def find(
         i = (pos + step) % n
         node = nodes[i]
         held = holders(node.node.id)
-        work += 1 + len(held)
+        work += node_cost + len(held)
         choice = _on_node(node, req, held, search, best.key if best is not None else None)
         if choice is not None:
             found += 1

@@ -13,7 +13,8 @@ The order of a pass:
    rolling updates replace old versions in waves;
 2. **place** missing replicas in priority order, then job id, group order,
    ordinal, skipping those still waiting out a backoff or a reschedule delay
-   (within a priority, jobs that ask GPUs first); those the
+   (within a priority, jobs that ask GPUs first), each replica of a job in a queue
+   with a quota first **admitted** by its queue (forge.core.admitting); those the
    GPU reservation turned away are retried once it lifts, and those that found no
    node may **preempt** lower-priority replicas;
 3. record who is **pending** and why, and when the pass must run again.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from forge.core.admitting import Gate, gate
 from forge.core.groups import (
     Bound,
     Group,
@@ -52,8 +54,9 @@ from forge.core.plan import (
     Plan,
     ReconcileOptions,
 )
-from forge.core.preempting import Phase
+from forge.core.preempting import Phase, floor_of, waiters
 from forge.core.queue import Queue, SortKey
+from forge.core.quota import QueueSpec
 from forge.core.release import Carry
 from forge.core.releasing import Releasing
 from forge.core.rolling import GroupRollout
@@ -105,6 +108,7 @@ def reconcile(
     jobs_changed: Collection[str] | None = None,
     done: Done | None = None,
     completed: Collection[str] = (),
+    queues: Mapping[str, QueueSpec] = {},
 ) -> Plan:
     """Plan one pass. Inputs are not mutated (except ``carry``, which the pass
     updates and returns as ``plan.carry``; with a carry, ``bindings`` is ignored:
@@ -113,8 +117,8 @@ def reconcile(
     ``jobs_changed`` (with a carry): the ids of the jobs that may differ from the
     carry's pass; every other job must be the same object (None: compare all).
     ``done``: batch groups' completed ordinals, never placed again; ``completed``:
-    the replicas that completed since the last pass (their ordinals already in
-    ``done``), released without counting as failures (forge.core.kinds)."""
+    the replicas that completed since the last pass (their ordinals already in ``done``),
+    released without counting as failures (forge.core.kinds); ``queues``: quotas."""
     p = _Pass(jobs, nodes, pending, failures, failed, now, options, carry, jobs_changed)
     p.done, p.completed = done or {}, set(completed)
     p.failed |= p.completed  # released as failed ones are, but no failure
@@ -126,7 +130,7 @@ def reconcile(
         p.release_gangs()
     if options.topology and options.spread_down:
         p.spread_down()
-    placing = p.place(capacity_changed or bool(p.plan.released))
+    placing = p.place(capacity_changed or bool(p.plan.released), queues)
     preempted: set[GroupKey] = set()
     if placing.wanted and placing.placed < options.max_placements:
         preempted = p.preempt(placing)
@@ -195,6 +199,7 @@ class _Pass(Releasing):
         #: drain step, and the groups whose budget held something back this pass
         self.held: list[tuple[str, Binding]] | None = [] if options.disruption_budgets else None
         self.limited: set[GroupKey] = set()
+        self.gate: Gate | None = None
 
     def _index(self) -> dict[GroupKey, Group]:
         carry, jobs = self.carry, self.jobs
@@ -224,9 +229,13 @@ class _Pass(Releasing):
             workload=self._workload,
         )
 
-    def place(self, capacity_freed: bool) -> Placing:
-        """2. Place the missing replicas, in priority order (forge.core.placing)."""
+    def place(self, capacity_freed: bool, queues: Mapping[str, QueueSpec]) -> Placing:
+        """2. Admit and place the missing replicas, in priority order
+        (forge.core.admitting, forge.core.placing)."""
         options, carry, plan = self.options, self.carry, self.plan
+        ledger = carry.ledger if carry is not None else None
+        # after the releases: the gate charges what is still bound
+        self.gate = gate(queues, plan, self.now, ledger, self.jobs, self.nodes, options.preemption)
         self.placer = self._placer()
         queue = carry.queue if carry is not None else None
         if queue is None:
@@ -257,6 +266,7 @@ class _Pass(Releasing):
             budget=self.budget,
             parked=queue.parked,
             done=self.done,
+            gate=self.gate,
         )
         placing.run(self.visit, queue.last_asking())
         self.stop: int | None = placing.stop
@@ -285,8 +295,9 @@ class _Pass(Releasing):
             release=self._evicted,
             bind=bind,
             ledger=self.disruption_left if options.disruption_budgets else None,
+            gate=self.gate,
         )
-        phase.floor = carry.floor if carry is not None else self._floor()
+        phase.floor = carry.floor if carry is not None else floor_of(plan, self.groups)
         spent = self.placer.work + placing.visited
         phase.run(placing.wanted, max(budget - spent, 1) if budget else 0)
         placing.placed += len(plan.preemptions)
@@ -295,8 +306,11 @@ class _Pass(Releasing):
             left = max(budget - spent - phase.work, 1) if budget else 0
             room = options.max_placements - placing.placed
             # (the old branch, ``refill_waiting`` off, leaves the waiters their backoff)
-            waiters = placing.waiters(left) if options.refill_waiting else None
-            placing.placed += phase.refill(placing.wanted, self._placer(), room, left, waiters)
+            waiting = None
+            if options.refill_waiting:
+                waiting, walked = waiters(placing.waited, self.groups, self.pending, plan, left)
+                placing.visited += walked
+            placing.placed += phase.refill(placing.wanted, self._placer(), room, left, waiting)
         placing.visited += phase.work
         return phase.preempted_groups
 
@@ -305,18 +319,6 @@ class _Pass(Releasing):
         self.plan.dropped.append(b)
         if self.options.disruption_budgets and isinstance(self.bound, dict):
             self.bound[(b.job, b.group)] -= 1  # (a carry's count follows its drop)
-
-    def _floor(self) -> int:
-        """The lowest job priority among the bindings the pass kept (its placements
-        are no victims): a pass without a carry walks its bindings anyway."""
-        groups = self.groups
-        placed = {b.workload_id for b in self.plan.placed}
-        prios = [
-            groups[(b.job, b.group)].job.priority
-            for w, b in self.plan.bindings.items()
-            if w not in placed
-        ]
-        return min(prios, default=101)
 
     def settle(self, placing: Placing) -> None:
         """3. Keep the failure histories still needed; when to wake; the pass's work."""
@@ -354,22 +356,24 @@ class _Pass(Releasing):
     def finish(self, preempted: set[GroupKey]) -> Plan:
         """Hand the next pass its carry: what this one left, indexed."""
         plan, groups, jobs, queue, carry = self.plan, self.groups, self.jobs, self.queue, self.carry
+        fresh = self.gate.fresh if self.gate is not None else {}
         if carry is None:
-            carry = Carry.build(jobs, self.nodes, self.cluster, plan.bindings)
+            carry = Carry.build(jobs, self.nodes, self.cluster, plan.bindings, fresh)
             carry.draining = dict.fromkeys(plan.drain_held)
             queue.incomplete = incomplete(groups, carry.by_group, groups, self.done)
             queue.order, queue.visiting = None, []  # not in order: the next pass sorts them
         else:
+            if self.jobs_changed is None:  # first: a placement is charged to its job's queue
+                carry.jobs = dict(jobs)
+            else:
+                carry.take_jobs(jobs, self.changed_jobs)
+            carry.ledger.fresh = fresh
             for b in plan.placed:
                 carry.add(b.workload_id, b)
                 carry.floor = min(carry.floor, groups[(b.job, b.group)].job.priority)
             for j in self.changed_jobs:  # a job's priority may have dropped
                 if j in jobs:
                     carry.floor = min(carry.floor, jobs[j].priority)
-            if self.jobs_changed is None:
-                carry.jobs = dict(jobs)
-            else:
-                carry.take_jobs(jobs, self.changed_jobs)
             carry.nodes = dict(self.nodes)
             # Only the groups the pass got to can have been completed; those it
             # deferred whole are as incomplete as they were (and stay in order)
@@ -381,6 +385,8 @@ class _Pass(Releasing):
             queue.order = ordered(queue, queue.incomplete, groups)
         carry.groups = groups
         carry.queue = queue
+        carry.ledger.queued = self.gate.tally() if self.gate is not None else {}
+        carry.ledger.fresh = {}
         if plan.rollouts is not None:
             # every group was looked at, or those that could have changed: from here
             # on only those (and the groups left with unstamped bindings) need be

@@ -15,13 +15,13 @@ from forge.core.groups import Group, Groups, groups_of
 from forge.core.models import AssignmentStatus, Job, Node, NodeState, Request, TaskGroup
 from forge.core.placement import Binding, Cluster, NodeAlloc
 from forge.core.queue import Queue
+from forge.core.quota import DEFAULT_QUEUE, Ledger, Usage
 
 __all__ = [
     "DRAINING",
     "Carry",
     "Release",
     "release_all",
-    "release_changed",
 ]
 
 
@@ -66,6 +66,8 @@ class Carry:
     #: replicas the last pass held on draining nodes (their groups' disruption
     #: budgets were spent): the next pass checks them again
     draining: dict[str, None] = field(default_factory=dict)
+    #: what queued jobs' bindings hold against their queues (forge.core.quota)
+    ledger: Ledger = field(default_factory=Ledger)
 
     @classmethod
     def start(
@@ -103,6 +105,7 @@ class Carry:
         nodes: Mapping[str, Node],
         cluster: Cluster,
         bindings: dict[str, Binding],
+        fresh: dict[str, Usage] | None = None,
     ) -> Carry:
         by_node: dict[str, dict[str, None]] = {}
         by_group: dict[tuple[str, str], dict[str, None]] = {}
@@ -110,6 +113,10 @@ class Carry:
             by_node.setdefault(b.node, {})[wid] = None
             by_group.setdefault((b.job, b.group), {})[wid] = None
         made = cls(dict(jobs), dict(nodes), cluster, bindings, by_node, by_group)
+        if any(j.queue != DEFAULT_QUEUE for j in jobs.values()):
+            made.ledger.fresh = fresh or {}  # what the admit stage computed
+            for wid, b in bindings.items():
+                made.charge(wid, b)
         made.floor = min((jobs[j].priority for j, _ in by_group if j in jobs), default=101)
         return made
 
@@ -117,9 +124,17 @@ class Carry:
         self.bindings[wid] = b
         self.by_node.setdefault(b.node, {})[wid] = None
         self.by_group.setdefault((b.job, b.group), {})[wid] = None
+        self.charge(wid, b)
+
+    def charge(self, wid: str, b: Binding) -> None:
+        """Count a binding of a queued job against its queue."""
+        job = self.jobs.get(b.job)
+        if job is not None and job.queue != DEFAULT_QUEUE:
+            self.ledger.hold(wid, job.queue, b, self.cluster.by_id[b.node].node)
 
     def drop(self, wid: str, b: Binding) -> None:
         del self.bindings[wid]
+        self.ledger.drop(wid)
         self.by_node[b.node].pop(wid, None)
         self.by_group[(b.job, b.group)].pop(wid, None)
 
@@ -268,124 +283,6 @@ def release_all(
                 held.pop()
         release(wid, b, reason)
     return bound_per_group
-
-
-def release_changed(
-    carry: Carry,
-    jobs: Mapping[str, Job],
-    nodes: Mapping[str, Node],
-    groups: Groups,
-    changed_jobs: list[str],
-    failed: set[str],
-    node_ok: dict[tuple[str, tuple[str, str]], bool],
-    release: Release,
-    rolling: bool = False,
-    held: Held = None,
-) -> int:
-    """Re-check only what may have changed since the carry's pass: the bindings on
-    nodes whose object changed (re-held from empty, in binding order, as a full pass
-    would), and those of changed groups (``changed_jobs``: Carry.changed_jobs), of
-    failed replicas and those the last pass held back on draining nodes. Those of
-    budgeted groups on draining nodes are kept and listed in ``held`` (when given).
-    Returns how many bindings were checked."""
-    checked = _release_stale(carry, groups, failed, release, rolling, held)
-    old_nodes = carry.nodes
-    changed_nodes = sorted(
-        n for n in nodes.keys() | old_nodes.keys() if nodes.get(n) is not old_nodes.get(n)
-    )
-    cluster = carry.cluster
-    if changed_nodes:
-        cluster.refresh(dict(nodes), set(changed_nodes))
-    on_changed = set(changed_nodes)
-    for node_id in changed_nodes:
-        alloc = cluster.by_id.get(node_id)
-        for wid in list(carry.by_node.get(node_id, ())):
-            b = carry.bindings[wid]
-            checked += 1
-            entry = groups.get((b.job, b.group))
-            reason = _reason(wid, b, entry, alloc, failed, node_ok, rolling, held is not None)
-            holds = held is not None and _holds(reason, wid, b, entry, failed)
-            if reason is None or holds:
-                assert alloc is not None
-                if alloc.hold(b):
-                    if holds and held is not None:
-                        held.append((wid, b))
-                    continue
-                reason = "node capacity changed"
-            carry.drop(wid, b)
-            release(wid, b, reason)
-    candidates: dict[str, None] = {}
-    for job_id in changed_jobs:
-        for job in (carry.jobs.get(job_id), jobs.get(job_id)):
-            for g in job.groups if job is not None else ():
-                candidates.update(carry.by_group.get((job_id, g.name), {}))
-    for wid in sorted(failed):
-        candidates[wid] = None
-    candidates.update(carry.draining)
-    carry.draining = {}
-    return checked + _recheck(
-        carry, candidates, on_changed, groups, failed, node_ok, release, rolling, held
-    )
-
-
-def _release_stale(
-    carry: Carry, groups: Groups, failed: set[str], release: Release, rolling: bool, held: Held
-) -> int:
-    """The bindings found invalid when the carry was loaded: released, except those
-    of budgeted groups on draining nodes, kept for the drain step. Returns how many
-    were checked."""
-    checked = len(carry.stale)
-    for wid, b, why in carry.stale:  # found invalid when loaded
-        entry = groups.get((b.job, b.group))
-        if held is not None and why == DRAINING:
-            alloc = carry.cluster.by_id.get(b.node)
-            why = _reason(wid, b, entry, alloc, failed, {}, rolling, True) or DRAINING
-        if held is not None and _holds(why, wid, b, entry, failed):
-            alloc = carry.cluster.by_id.get(b.node)
-            if alloc is not None and alloc.hold(b):
-                assert entry is not None
-                carry.add(wid, b)
-                carry.floor = min(carry.floor, entry.job.priority)
-                held.append((wid, b))
-                continue
-        release(wid, b, why)
-    carry.stale = []
-    return checked
-
-
-def _recheck(
-    carry: Carry,
-    candidates: Mapping[str, None],
-    on_changed: set[str],
-    groups: Groups,
-    failed: set[str],
-    node_ok: dict[tuple[str, tuple[str, str]], bool],
-    release: Release,
-    rolling: bool,
-    held: Held,
-) -> int:
-    """Re-check the bindings of changed groups, failed replicas and those held on
-    draining nodes (``candidates``), less those on changed nodes (decided with their
-    node already). Returns how many were checked."""
-    checked = 0
-    cluster = carry.cluster
-    for wid in candidates:
-        kept = carry.bindings.get(wid)
-        if kept is None or kept.node in on_changed:
-            continue  # gone already, or decided with its node above
-        checked += 1
-        alloc = cluster.by_id[kept.node]
-        entry = groups.get((kept.job, kept.group))
-        reason = _reason(wid, kept, entry, alloc, failed, node_ok, rolling, held is not None)
-        if reason is None:
-            continue  # still held, unchanged
-        if held is not None and _holds(reason, wid, kept, entry, failed):
-            held.append((wid, kept))
-            continue  # still held, for the drain step
-        alloc.unhold(kept)
-        carry.drop(wid, kept)
-        release(wid, kept, reason)
-    return checked
 
 
 def _still_fits_rules(node: Node, g: TaskGroup, req: Request, gpu_ids: tuple[str, ...]) -> bool:

@@ -24,7 +24,8 @@ from forge.core.groups import Bound, Group, GroupKey
 from forge.core.models import Job, Node, workload_id
 from forge.core.placement import Binding, Cluster
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
-from forge.core.release import DRAINING, Carry, release_all, release_changed
+from forge.core.recheck import release_changed
+from forge.core.release import DRAINING, Carry, release_all
 from forge.core.rolling import GroupRollout, plan_rollouts
 from forge.core.rollout import BUDGET_WAIT
 from forge.core.spread_down import SPREAD_DOWN, spread_moves

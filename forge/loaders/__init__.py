@@ -33,13 +33,14 @@ from pathlib import Path
 import pydantic  # noqa: F401  (format_validation_error's argument type, re-exported)
 
 from forge.core.models import Job, Node
+from forge.core.quota import QueueSpec
 from forge.loaders.alibaba import (
     DEFAULT_GPU_MEMORY_MIB,
     GPU_MEMORY_MIB,
     parse_node_csv,
     parse_pod_csv,
 )
-from forge.loaders.documents import MAX_VALUES, job_documents, node_documents
+from forge.loaders.documents import MAX_VALUES, job_documents, node_documents, queue_documents
 from forge.loaders.errors import MAX_ERROR_LINES, InputError, format_validation_error
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "format_validation_error",
     "load_jobs",
     "load_nodes",
+    "load_queues",
     "parse_jobs",
     "parse_nodes",
 ]
@@ -79,6 +81,14 @@ def load_nodes(path: str | Path) -> list[Node]:
     """Read a node file (YAML, JSON, or an Alibaba node-list CSV) into nodes."""
     source, fmt, text = _read(path)
     return parse_nodes(text, fmt=fmt, source=source)
+
+
+def load_queues(path: str | Path) -> list[QueueSpec]:
+    """Read a queue file (YAML or JSON: ``queues: [...]``) into queue specs."""
+    source, fmt, text = _read(path)
+    if fmt == "csv":
+        raise InputError(f"{source}: a queue file is YAML or JSON, not CSV")
+    return queue_documents(_prepare(text, fmt, source), fmt, source)
 
 
 def parse_jobs(text: str, *, fmt: str, source: str) -> list[Job]:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from forge.core.models import Job, Node
+from forge.core.quota import QueueSpec
 from forge.core.taskenv import reserved_env
 from forge.loaders.alibaba import GPU_MEMORY_MIB
 from forge.loaders.errors import (
@@ -31,7 +32,7 @@ try:  # libyaml's parser is ~10x faster; fall back to pure Python if it is missi
 except ImportError:  # pragma: no cover - depends on how PyYAML was built
     from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
-__all__ = ["MAX_VALUES", "job_documents", "node_documents"]
+__all__ = ["MAX_VALUES", "job_documents", "node_documents", "queue_documents"]
 
 #: A parsed document may hold at most this many values (after YAML aliases are
 #: expanded), so a "billion laughs" file of nested aliases cannot eat the machine.
@@ -188,31 +189,32 @@ def _job_items(docs: list[object], source: str) -> tuple[list[object], bool]:
     return items, True
 
 
-def _node_items(docs: list[object], source: str) -> tuple[list[object], bool]:
-    """Nodes of the documents: a list, ``{nodes: [...]}``, one node, or a YAML stream."""
+def _node_items(docs: list[object], source: str, key: str = "nodes") -> tuple[list[object], bool]:
+    """Nodes (or queues: ``key``) of the documents: a list, ``{nodes: [...]}``, one
+    node, or a YAML stream."""
     items: list[object] = []
     for n, doc in enumerate(docs, 1):
         where = f"document {n}: " if len(docs) > 1 else ""
-        if isinstance(doc, dict) and "nodes" in doc:
-            extra = sorted(k for k in doc if k != "nodes")
+        if isinstance(doc, dict) and key in doc:
+            extra = sorted(k for k in doc if k != key)
             if extra:
                 raise InputError(
-                    f"{source}: {where}unknown key(s) beside 'nodes': {', '.join(extra)}"
+                    f"{source}: {where}unknown key(s) beside {key!r}: {', '.join(extra)}"
                 )
-            doc = doc["nodes"]
+            doc = doc[key]
             if not isinstance(doc, list):
-                raise InputError(f"{source}: {where}nodes: expected a list, got {_kind(doc)}")
+                raise InputError(f"{source}: {where}{key}: expected a list, got {_kind(doc)}")
         if isinstance(doc, list):
             items.extend(doc)
         elif isinstance(doc, dict):
             items.append(doc)
         else:
             raise InputError(
-                f"{source}: {where}expected a list of nodes (or {{nodes: [...]}}), got {_kind(doc)}"
+                f"{source}: {where}expected a list of {key} (or {{{key}: [...]}}), got {_kind(doc)}"
             )
     if not items:
-        raise InputError(f"{source}: contains no nodes")
-    single = len(docs) == 1 and isinstance(docs[0], dict) and "nodes" not in docs[0]
+        raise InputError(f"{source}: contains no {key}")
+    single = len(docs) == 1 and isinstance(docs[0], dict) and key not in docs[0]
     return items, not single
 
 
@@ -319,3 +321,10 @@ def node_documents(text: str, fmt: str, source: str) -> list[Node]:
     """The nodes of YAML or JSON text (GPU short form expanded); ids unique."""
     items, many = _node_items(_documents(text, fmt, source), source)
     return _validate_items(items, many, source, Node, "node", "id", "id", _expand_gpu_shorthand)
+
+
+def queue_documents(text: str, fmt: str, source: str) -> list[QueueSpec]:
+    """The queues of YAML or JSON text (``{queues: [...]}``, a list, or one); names
+    unique."""
+    items, many = _node_items(_documents(text, fmt, source), source, "queues")
+    return _validate_items(items, many, source, QueueSpec, "queue", "name", "name", lambda d: d)

@@ -137,7 +137,14 @@ JobRow = (
 #: Every other field of ``Job``: rows carried only the first two until the batch
 #: fields came, and a job loaded from a page lost ``active_deadline`` (so after a
 #: continue-as-new or a resync, its deadline never came).
-JOB_EXTRAS = ("preemption", "type", "schedule", "active_deadline", "ttl_after_finished")
+JOB_EXTRAS = (
+    "preemption",
+    "type",
+    "schedule",
+    "active_deadline",
+    "ttl_after_finished",
+    "queue",
+)
 
 
 class JobsPage(_Msg):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forge.core.autoscale import AutoscaleState
 from forge.core.fields import IntAsStr
 from forge.core.models import MAX_REPLICAS, Job, Name, Node
+from forge.core.quota import QueueSpec
 from forge.core.reconcile import FailureHistory, PendingEntry, ReconcileOptions
 from forge.core.rolling import GroupRollout
 from forge.serialize import omit_defaults
@@ -247,8 +248,11 @@ class Checkpoint(_Msg):
     batch_finished: dict[str, float] = Field(default_factory=dict)
     #: the last state of the jobs their ttl removed, the latest REMOVED_KEPT
     batch_removed: dict[str, JobState] = Field(default_factory=dict)
+    #: the cluster's queues by name (forge.core.quota)
+    queues: dict[str, QueueSpec] = Field(default_factory=dict)
 
     _omit = omit_defaults(
+        "queues",
         "exited",
         "batch_failed",
         "batch_ended",

@@ -15,8 +15,9 @@ from typing import Literal, NamedTuple
 
 from forge.core.models import Node
 from forge.core.reconcile import Plan
+from forge.wire.queues import QueueView
 
-__all__ = ["NODE_STATES", "Metric", "pass_metrics"]
+__all__ = ["NODE_STATES", "Metric", "pass_metrics", "queue_metrics"]
 
 NODE_STATES = ("ready", "draining", "lost")  # each has a gauge, zero included
 
@@ -80,4 +81,40 @@ def pass_metrics(plan: Plan, nodes: Iterable[Node], elapsed: float) -> list[Metr
     out.append(
         Metric("histogram", "forge_pass_work_units", "node checks and scores of a pass", plan.work)
     )
+    return out
+
+
+def queue_metrics(queues: Iterable[QueueView]) -> list[Metric]:
+    """Per queue: what its bound replicas hold and its nominal quota, per resource
+    (``cpu`` millicores, ``memory`` MiB, ``gpu:<model>`` milli-devices, as the quota
+    counts them), and its bound and queued replicas. A resource the queue has no
+    quota for is left out, so a dashboard divides used by nominal safely."""
+    out: list[Metric] = []
+    for v in queues:
+        name, quota = v.spec.name, v.spec.quota
+        limits = {"cpu": quota.cpu, "memory": quota.memory}
+        limits.update({f"gpu:{m}": lim for m, lim in sorted(quota.gpu.items())})
+        for resource, lim in limits.items():
+            if lim is None:
+                continue
+            scale = 1000 if resource.startswith("gpu:") else 1
+            attrs = {"queue": name, "resource": resource}
+            used = v.usage.get(resource, 0)
+            out.append(
+                Metric("gauge", "forge_queue_used", "what a queue's replicas hold", used, attrs)
+            )
+            out.append(
+                Metric(
+                    "gauge",
+                    "forge_queue_nominal",
+                    "a queue's nominal quota",
+                    lim.nominal * scale,
+                    attrs,
+                )
+            )
+        attrs = {"queue": name}
+        out.append(Metric("gauge", "forge_queue_bound", "a queue's bound replicas", v.bound, attrs))
+        out.append(
+            Metric("gauge", "forge_queue_queued", "replicas its quota held back", v.queued, attrs)
+        )
     return out

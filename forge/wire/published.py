@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forge.core.kinds import phase
 from forge.core.models import Job
 from forge.serialize import omit_defaults
+from forge.wire.queues import QueueView
 
 __all__ = [
     "RECENT_PREEMPTIONS",
@@ -129,6 +130,9 @@ class StatusView(_Msg):
     preemptions: int = Field(default=0, description="replicas preempted since the start")
     resets: int = Field(default=0, description="runs the workers' watchdog reset (stuck)")
     last_reset: str = Field(default="", description="why the last reset happened")
+    queues: list[QueueView] = Field(
+        default_factory=list, description="each queue's quota, usage and waiting replicas"
+    )
 
 
 class RolloutView(_Msg):
@@ -210,6 +214,11 @@ class LoopStatus(_Msg):
         description="batch jobs their ttl_after_finished removed (the latest 100): job id "
         "-> its last state (forge job wait reads it once the job is gone)",
     )
+    queues: list[QueueView] = Field(
+        default_factory=list,
+        description="each queue's quota, what its bound replicas hold and how many the "
+        "pass left queued (left out when the cluster has no queues)",
+    )
 
     _omit = omit_defaults(
         "rollouts",
@@ -220,6 +229,7 @@ class LoopStatus(_Msg):
         "failed_jobs",
         "tolerated_failures",
         "removed_jobs",
+        "queues",
     )
 
 

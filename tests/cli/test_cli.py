@@ -725,7 +725,8 @@ async def wait_until(fc: ForgeClient, check: Any, timeout: float = 20.0) -> c.St
 
 
 def check_status_schema(doc: dict[str, Any]) -> None:
-    assert set(doc) == {"summary", "nodes", "assignments", "pending"}
+    assert set(doc) == {"summary", "nodes", "assignments", "pending", "queues"}
+    assert isinstance(doc["queues"], list)  # empty without queues
     assert {"desired", "bound", "pending"} <= set(doc["summary"])
     for n in doc["nodes"]:
         assert set(n) == {"id", "state", "cpu", "memory", "gpus"}

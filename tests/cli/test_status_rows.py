@@ -14,11 +14,13 @@ import pytest
 from forge import render
 from forge.client import reads, status_rows
 from forge.core.models import Assignment, AssignmentStatus, Node
+from forge.core.quota import QueueSpec
 from forge.stores import SqliteStore, TaskReport
 from forge.stores.base import Delta, Fence
 from forge.stores.migrations import LATEST_VERSION
 from forge.stores.sqlite import sqlite_path
 from forge.wire import contract as c
+from forge.wire.queues import QueueView
 
 CLUSTER = "c1"
 
@@ -75,7 +77,15 @@ def _status_doc() -> str:
         for i in range(8)
     ]
     doc = c.LoopStatus(summary=summary, pending=pending, notices=["1 signal(s) dropped; last: x"])
-    return doc.model_copy(update={"preemptions": 3}).model_dump_json()
+    ml = QueueSpec.model_validate(
+        {
+            "name": "ml",
+            "cohort": "research",
+            "quota": {"cpu": {"nominal": 4000}, "gpu": {"A100": {"nominal": 2}}},
+        }
+    )
+    queue = QueueView(spec=ml, usage={"cpu": 3000, "gpu:A100": 2300}, bound=6, queued=2)
+    return doc.model_copy(update={"preemptions": 3, "queues": [queue]}).model_dump_json()
 
 
 def _store(path: Path, *, status: bool = True) -> str:
@@ -125,6 +135,12 @@ def test_the_rows_print_what_the_models_print(tmp_path: Path, status: bool) -> N
     assert by_id["n10"]["gpus"] == {"total": 4, "allocated": 2}  # shares of g0, one of g1
     assert by_id["n03"]["cpu"]["allocated"] < 1000 + 3 * 3000  # one no longer fits
     assert by_id["n07"]["state"] == "draining" and by_id["n08"]["state"] == "lost"
+    if status:  # a queue's rows, in the units its quota counts (GPUs as devices)
+        text = render.status_text(CLUSTER, fast, {})  # type: ignore[arg-type]
+        rows_shown = [line.split() for line in text.splitlines()]
+        assert ["ml", "research", "cpu", "3000", "4000", "6", "2"] in rows_shown
+        assert ["gpu", "A100", "2.3", "2"] in rows_shown
+        assert fast_json["queues"][0]["usage"] == {"cpu": 3000, "gpu:A100": 2300}
 
 
 def test_without_listing_the_bindings_the_counts_are_the_same(tmp_path: Path) -> None:

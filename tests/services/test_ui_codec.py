@@ -183,20 +183,26 @@ def test_the_temporal_cli_example_sends_every_signal_and_update(dev: Dev) -> Non
     assert re.search(r"Result +map\[bound:3 desired:3 job_id:cli-batch", out), out  # scaled
     assert re.search(r"Result +map\[accepted:1\]", out), out  # report_failed
     assert re.search(r"Result +map\[promoted:\[cli-web/web\]\]", out), out  # the canary
-    _, status_out, state_out = out.split("QueryResult", 2)
+    assert re.search(r"Result +map\[bound:1 desired:2 job_id:cli-queued", out), out  # quota
+    _, status_out, state_out, queues_out = out.split("QueryResult", 3)
     status = json.loads(status_out.splitlines()[0])
     assert {"cli-node-1", "cli-node-2"} <= {n["id"] for n in status["nodes"]}
     state = json.loads(state_out.splitlines()[0])  # job_state: plain JSON, any client
     assert (state["job_id"], state["state"], state["desired"]) == ("cli-batch", "service", 3)
+    (team,) = json.loads(queues_out.splitlines()[0])["queues"]  # the queue, as plain JSON
+    assert (team["spec"]["name"], team["usage"]["cpu"], team["queued"]) == ("cli-team", 1000, 1)
     assert out.count("Signal workflow succeeded") == 5
 
 
 def test_the_docs_document_every_signal_and_update_with_a_command_the_script_runs() -> None:
     from forge.wire import contract as c
+    from forge.wire import queues
 
     readme = (REPO / "docs" / "user-guide.md").read_text()  # "Any Temporal client"
     script = (REPO / "examples" / "temporal-cli.sh").read_text()
-    names = {v for k, v in vars(c).items() if k.startswith(("SIGNAL_", "UPDATE_"))}
+    names = {
+        v for m in (c, queues) for k, v in vars(m).items() if k.startswith(("SIGNAL_", "UPDATE_"))
+    }
     commands = re.findall(r"^(temporal workflow (?:signal|update execute) .+)$", readme, re.M)
     documented = {re.search(r"--name (\w+)", cmd).group(1) for cmd in commands}  # type: ignore[union-attr]
     assert documented == names

@@ -120,7 +120,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "client": frozenset({"core", "errors", "settings", "stores", "wire"}),
     "params": frozenset({"core", "errors", "loaders"}),
     "agent": frozenset({"client", "core", "errors", "params", "settings", "stores"}),
-    "render": frozenset({"core", "wire"}),
+    "takeover": frozenset(),
+    "spinner": frozenset(),
+    "queue_text": frozenset({"core", "wire"}),
+    "render": frozenset({"core", "queue_text", "wire"}),
     "sim": frozenset({"core", "stores"}),
     "services": frozenset(
         {"client", "core", "errors", "loaders", "render", "settings", "stores", "wire"}
@@ -133,10 +136,12 @@ LAYERS: dict[str, frozenset[str]] = {
             "errors",
             "loaders",
             "params",
+            "queue_text",
             "render",
             "services",
             "settings",
             "sim",
+            "spinner",
             "stores",
             "wire",
         }

@@ -22,7 +22,6 @@ LONG_MODULES: dict[str, int] = {
     "forge/core/models.py": 427,
     "forge/core/placement/select.py": 436,
     "forge/core/placing.py": 529,
-    "forge/core/release.py": 404,
     "workflows/cluster.py": 575,
     "workflows/handlers.py": 563,
 }

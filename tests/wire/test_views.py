@@ -160,6 +160,35 @@ def test_pass_metrics_report_every_node_state_and_moves_by_reason() -> None:
     assert kinds["forge_placements_total"] == "counter"
 
 
+def test_queue_metrics_give_used_and_nominal_in_the_quota_s_units_per_queue() -> None:
+    from forge.core.quota import QueueSpec
+    from forge.wire.queues import QueueView
+
+    quota = {"cpu": {"nominal": 4000}, "gpu": {"A100": {"nominal": 2}, "T4": {"nominal": 1}}}
+    ml = QueueSpec.model_validate({"name": "ml", "quota": quota})
+    bare = QueueSpec.model_validate({"name": "bare", "quota": {}})
+    views = [
+        QueueView(spec=ml, usage={"cpu": 3000, "gpu:A100": 1500}, bound=4, queued=2),
+        QueueView(spec=bare, bound=1),
+    ]
+    got = _by_name(metrics.queue_metrics(views))
+    ml_cpu = (("queue", "ml"), ("resource", "cpu"))
+    assert got[("forge_queue_used", ml_cpu)] == 3000
+    assert got[("forge_queue_nominal", ml_cpu)] == 4000
+    a100 = (("queue", "ml"), ("resource", "gpu:A100"))
+    assert (got[("forge_queue_used", a100)], got[("forge_queue_nominal", a100)]) == (1500, 2000)
+    t4 = (("queue", "ml"), ("resource", "gpu:T4"))
+    assert (got[("forge_queue_used", t4)], got[("forge_queue_nominal", t4)]) == (0, 1000)
+    assert got[("forge_queue_bound", (("queue", "ml"),))] == 4
+    assert got[("forge_queue_queued", (("queue", "ml"),))] == 2
+    # no quota, no resource series (nothing to divide by); its counts still
+    assert [k for k in got if ("queue", "bare") in k[1]] == [
+        ("forge_queue_bound", (("queue", "bare"),)),
+        ("forge_queue_queued", (("queue", "bare"),)),
+    ]
+    assert ("forge_queue_used", (("queue", "ml"), ("resource", "memory"))) not in got
+
+
 def test_node_usage_sums_each_nodes_latest_reports_and_lists_their_ports() -> None:
     from forge.core.models import Assignment
     from forge.stores.base import TaskReport

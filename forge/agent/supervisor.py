@@ -27,7 +27,7 @@ from forge.agent.logfiles import log_path
 from forge.agent.shim import exit_path, read_exit, shimmed, unstartable
 from forge.agent.state import ProcessRecord, alive
 from forge.core.models import STOP_GRACE, TaskGroup
-from forge.core.taskenv import TaskDevices, device_env
+from forge.core.taskenv import MASTER_PORTS, TaskDevices, device_env
 
 __all__ = ["Event", "Replica", "Supervisor", "TaskProc"]
 
@@ -109,7 +109,8 @@ DYNAMIC_PORTS = range(20000, 32000)
 
 
 def free_port(taken: set[int]) -> int:
-    """A TCP port free right now on every interface and not in ``taken`` (added to it).
+    """A TCP port free right now on every interface and not in ``taken`` (added to it),
+    nor one a gang's rank 0 may be told to listen on (``MASTER_PORTS``).
 
     Random in the dynamic range rather than the kernel's bind(0): two agents on one host
     asking bind(0) a moment apart are often given the same just-closed port, and the task
@@ -117,7 +118,7 @@ def free_port(taken: set[int]) -> int:
     """
     for _ in range(200):
         port = random.choice(DYNAMIC_PORTS)
-        if port in taken:
+        if port in taken or port in MASTER_PORTS:  # a gang's rank 0 listens there
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:

@@ -13,6 +13,7 @@ from forge.agent.logfiles import read_from, rotate_if_needed
 from forge.agent.reporter import Reporter
 from forge.agent.state import ProcessRecord, StateFile, alive
 from forge.agent.supervisor import DYNAMIC_PORTS, free_port
+from forge.core.taskenv import MASTER_PORTS
 from forge.stores.base import TaskReport
 
 
@@ -110,6 +111,8 @@ def test_task_ports_avoid_the_kernels_ephemeral_range_ports_in_use_and_each_othe
     assert len(set(got)) == 500 and set(got) == taken
     assert all(p in DYNAMIC_PORTS for p in got)
     assert busy not in got
+    # a gang's MASTER_PORT (derived, the same for every member) is never another task's
+    assert not set(got) & set(MASTER_PORTS)
 
 
 def test_a_port_bound_by_someone_else_is_never_handed_out(monkeypatch) -> None:

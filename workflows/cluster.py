@@ -40,6 +40,7 @@ from workflows.watch import StoreWatch
 with workflow.unsafe.imports_passed_through():
     from forge import clocks
     from forge.core.budget import next_budget
+    from forge.core.kinds import restarts_a_batch_gang
     from forge.core.models import MAX_BATCH_BYTES, Node
     from forge.core.reconcile import (
         MAX_WORK,
@@ -335,26 +336,16 @@ class ClusterWorkflow(Presentation):
             "rollouts": True,
             "health_checks": True,
         }
-        if not workflow.patched(patches.PREEMPTION):
-            update["preemption"] = False  # a history recorded before preemption
-        if not workflow.patched(patches.DISRUPTION_BUDGETS):
-            update["disruption_budgets"] = False  # recorded before drains and waves counted
-        if not workflow.patched(patches.TOPOLOGY):
-            update["topology"] = False  # a history recorded before distinct_hosts / spread
-        if not workflow.patched(patches.GANGS):
-            update["gangs"] = False  # a history recorded before gangs
-        if not workflow.patched(patches.SPREAD_SCALE_DOWN):
-            update["spread_down"] = False  # recorded before scale-down kept spread
-        if not workflow.patched(patches.HELD_BACK_DEFERRED):
-            update["held_back_deferred"] = False  # left held-back replicas a backoff
-        if not workflow.patched(patches.SUPERSEDED_WAVE_SETTLES):
-            update["settle_superseded"] = False  # a new spec took over a settling wave
-        if not workflow.patched(patches.PREEMPTION_REFILLS_WAITING):
-            update["refill_waiting"] = False  # freed room went to this pass's refused only
+        for patch_id, option in patches.OPTION_SWITCHES:  # a run recorded before: off
+            if not workflow.patched(patch_id):
+                update[option] = False
         work = self.st.max_work or (0 if options.max_work else MAX_WORK)
         self.adaptive = workflow.patched(patches.ADAPTIVE_BUDGET)
         self.replay_timed = self.adaptive and workflow.patched(patches.REPLAY_SECONDS)
         self.to_target = self.adaptive and workflow.patched(patches.BUDGET_TO_TARGET)
+        gang_failed = restarts_a_batch_gang(self.st.jobs, self.st.failed)
+        if not (gang_failed and workflow.patched(patches.BATCH_GANG_ONE_ATTEMPT)):
+            update["gang_attempts"] = False  # counted alone (or no batch gang member failed)
         if work and self.adaptive and self.st.pass_budget:
             work = min(work, self.st.pass_budget)  # as timed, never above the watchdog's
         if work:  # the watchdog's after repeated deadlocks, else the loop's

@@ -125,3 +125,27 @@ PREEMPTION_REFILLS_WAITING = "preemption-refills-waiting"
 #: recorded before it left the others running and placed the failed run again once
 #: its interval passed, though ``forge job wait`` had said failed.
 FAILED_BATCH_JOB_ENDS = "failed-batch-job-ends"
+
+#: A batch gang whose member failed restarts whole (``on_member_loss: restart_all``),
+#: and that restart is one attempt of the gang: every member carries the gang's
+#: failure times (forge.core.releasing ``share_attempts``), so the gang fails for good
+#: after ``reschedule.attempts`` restarts, whichever member failed each time. Runs
+#: recorded before it counted each member alone: a gang of n could run up to
+#: n x attempts + 1 times. Asked only in a pass where a batch gang's member failed
+#: (forge.core.kinds ``restarts_a_batch_gang``), so no other history records it
+#: (hence not in ``__all__``, the ids every pass asks).
+BATCH_GANG_ONE_ATTEMPT = "batch-gang-one-attempt"
+
+#: The pass options (forge.core.plan.ReconcileOptions) each patch turns on, in the
+#: order the loop asks them every pass: a run recorded before a patch plans with its
+#: option off.
+OPTION_SWITCHES: tuple[tuple[str, str], ...] = (
+    (PREEMPTION, "preemption"),
+    (DISRUPTION_BUDGETS, "disruption_budgets"),
+    (TOPOLOGY, "topology"),
+    (GANGS, "gangs"),
+    (SPREAD_SCALE_DOWN, "spread_down"),
+    (HELD_BACK_DEFERRED, "held_back_deferred"),
+    (SUPERSEDED_WAVE_SETTLES, "settle_superseded"),
+    (PREEMPTION_REFILLS_WAITING, "refill_waiting"),
+)

@@ -63,6 +63,7 @@ class ReconcileOptions(Evolving):
         "held_back_deferred",
         "settle_superseded",
         "refill_waiting",
+        "gang_attempts",
     )
 
     algorithm: Algorithm = "binpack"
@@ -177,6 +178,13 @@ class ReconcileOptions(Evolving):
         "refused this pass (forge.core.preempting ``refill``), not only to those and "
         "the victims: a backed-off replica is not left pending while a node can take "
         "it; the workflow turns it on under a patch",
+    )
+
+    gang_attempts: bool = Field(
+        default=True,
+        description="a batch gang restarted whole because a member failed spends one "
+        "attempt of the gang: every member carries the gang's failure times (forge.core."
+        "releasing); off: each member counts its own; the workflow turns it on under a patch",
     )
 
     @property

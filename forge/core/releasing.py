@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from forge.core.disruption import budget_left
 from forge.core.groups import Bound, Group, GroupKey
-from forge.core.models import Job, Node, workload_id
+from forge.core.models import Job, Node, TaskGroup, workload_id
 from forge.core.placement import Binding, Cluster
 from forge.core.plan import FailureHistory, PendingEntry, Plan, ReconcileOptions
 from forge.core.recheck import release_changed
@@ -238,6 +238,23 @@ class Releasing:
                     assert isinstance(self.bound, dict)
                     self.bound[key] -= 1
                 self._release(wid, held, "gang member lost")
+            if self.options.gang_attempts and job.type == "batch":
+                self.share_attempts(job.id, g)
+
+    def share_attempts(self, job_id: str, g: TaskGroup) -> None:
+        """A batch gang restarted because a member failed in this pass spends one
+        attempt of the gang: every member carries the union of the members' failure
+        times (members failing in one pass add one time), so ``reschedule.attempts``
+        bounds the gang's restarts, not each member's (a gang of n would else run up
+        to n x attempts + 1 times)."""
+        wids = [workload_id(job_id, g.name, o) for o in range(g.scaling.desired)]
+        if not any(w in self.just_failed for w in wids):
+            return  # lost with a node, preempted, drained: no attempt spent
+        hists = [self.failures.get(w, FailureHistory()) for w in wids]
+        times = tuple(sorted({t for h in hists for t in h.times}))[-64:]
+        for w, h in zip(wids, hists, strict=True):
+            if h.times != times:
+                self.failures[w] = h.model_copy(update={"times": times})
 
     def spread_down(self) -> None:
         """1d. A group with ``do_not_schedule`` spread rules scaled down in this pass

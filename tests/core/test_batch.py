@@ -13,7 +13,7 @@ from forge.core.groups import Group
 from forge.core.kinds import ending
 from forge.core.models import DelayFunction, Job, Node, NodeState, ReschedulePolicy
 from forge.core.placement import Binding
-from forge.core.plan import FailureHistory, Plan
+from forge.core.plan import FailureHistory, Plan, ReconcileOptions
 from forge.core.reconcile import Carry, reconcile
 from forge.core.visiting import Done
 from forge.core.waiting import past_cap
@@ -34,8 +34,15 @@ class Loop:
     """Passes as the workflow runs them: the plan's bindings, pending and failures
     carried to the next, with or without the incremental carry."""
 
-    def __init__(self, jobs: Mapping[str, Job], nodes: Mapping[str, Node], carried: bool) -> None:
+    def __init__(
+        self,
+        jobs: Mapping[str, Job],
+        nodes: Mapping[str, Node],
+        carried: bool,
+        options: ReconcileOptions | None = None,
+    ) -> None:
         self.jobs, self.nodes, self.carried = dict(jobs), dict(nodes), carried
+        self.options = options
         self.bindings: dict[str, Binding] = {}
         self.plan: Plan | None = None
         self.carry: Carry | None = None
@@ -60,6 +67,7 @@ class Loop:
             done=done,
             completed=completed,
             jobs_changed=None,
+            **({"options": self.options} if self.options else {}),
         )
         self.plan, self.carry = plan, plan.carry
         self.bindings = dict(plan.bindings)
@@ -113,6 +121,54 @@ def test_a_gang_completing_whole_is_not_a_member_lost() -> None:
     plan = loop.run(completed=["b/g/0", "b/g/1"])
     assert sorted(plan.released) == [("b/g/0", "complete"), ("b/g/1", "complete")]
     assert plan.bindings == {} and plan.pending == {}
+
+
+def _retrying_gang(attempts: int) -> Job:
+    b = batch("b", 2, gang=True)
+    policy = ReschedulePolicy(attempts=attempts, interval=3600, delay=0)
+    return b.model_copy(update={"groups": (b.groups[0].model_copy(update={"reschedule": policy}),)})
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["full", "carried"])
+def test_a_batch_gang_restarted_for_a_failed_member_spends_one_attempt_of_the_gang(
+    carried: bool,
+) -> None:
+    """attempts: 1 is one restart of the gang, whichever member fails: member 0 fails
+    (the gang restarts), then member 1 fails, and the gang is out of attempts."""
+    nodes = {"n1": node("n1"), "n2": node("n2")}
+    loop = Loop({"b": _retrying_gang(1)}, nodes, carried)
+    assert sorted(loop.run().bindings) == ["b/g/0", "b/g/1"]
+    first = loop.run(failed=["b/g/0"])
+    assert sorted(first.released) == [("b/g/0", "failed"), ("b/g/1", "gang member lost")]
+    assert sorted(first.bindings) == ["b/g/0", "b/g/1"]  # together again, no delay
+    assert first.failures["b/g/0"].times == first.failures["b/g/1"].times  # the gang's
+    second = loop.run(failed=["b/g/1"])
+    assert second.pending["b/g/1"].kind == "exhausted"
+    assert second.pending["b/g/1"].attempts == 2
+    assert "b/g/0" not in second.bindings  # the gang is not placed half
+
+
+def test_each_member_counted_alone_without_the_option() -> None:
+    """The behaviour histories recorded before the patch replay with: member 1's
+    first failure is its own first attempt."""
+    nodes = {"n1": node("n1"), "n2": node("n2")}
+    old = ReconcileOptions(gang_attempts=False)
+    loop = Loop({"b": _retrying_gang(1)}, nodes, carried=False, options=old)
+    loop.run()
+    loop.run(failed=["b/g/0"])
+    second = loop.run(failed=["b/g/1"])
+    assert "b/g/1" not in second.pending or second.pending["b/g/1"].kind != "exhausted"
+
+
+def test_a_gang_restarted_for_a_lost_node_spends_no_attempt() -> None:
+    nodes = {n: node(n, cpu=1000) for n in ("n1", "n2", "n3")}  # one member a node
+    loop = Loop({"b": _retrying_gang(1)}, nodes, carried=False)
+    loop.run()
+    where = loop.bindings["b/g/0"].node
+    loop.nodes = {**nodes, where: node(where, cpu=1000, state=NodeState.LOST)}
+    plan = loop.run()
+    assert ("b/g/1", "gang member lost") in plan.released
+    assert plan.failures == {} and sorted(plan.bindings) == ["b/g/0", "b/g/1"]
 
 
 def test_a_service_is_untouched_by_an_empty_done_set() -> None:

@@ -300,3 +300,41 @@ async def test_parallelism_lets_one_run_in_as_the_last_ends(
             lambda: (reads.batch_state(store, fc.cluster, "p") or ("",))[0] == "complete",
         )
         assert store.completions(fc.cluster) == ["p/main/0", "p/main/1", "p/main/2"]
+
+
+async def test_a_batch_gang_fails_after_attempts_restarts_of_the_gang_not_of_each_member(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """``attempts: 1``: member 0 fails and the gang restarts whole (its one retry);
+    then member 1 fails and the job has failed, though member 1 failed only once
+    (patch batch-gang-one-attempt; before it, each member counted alone)."""
+    options = default_options(watch=True, watch_poll=0.02, heartbeat_ttl=10_000_000.0)
+    once = {"attempts": 1, "interval": 3600.0, "delay": 0.2, "delay_function": "constant"}
+    members = ["t/main/0", "t/main/1"]
+
+    def running(want: bool) -> Callable[[], bool]:
+        def check() -> bool:
+            got = [status_of(store, fc, w) for w in members]
+            if want:
+                return all(s is AssignmentStatus.RUNNING for s in got)
+            return None not in got and AssignmentStatus.RUNNING not in got
+
+        return check
+
+    async with cluster(skipping_env.client, options=options) as (fc, store):
+        await fc.register_nodes([node("n1", cpu=1000, memory=8192), node("n2", cpu=1000)])
+        await fc.submit_job(batch("t", 2, gang=True, reschedule=once))
+        await until("the gang bound", lambda: bound(store, fc, "t") == members)
+        on = {a.workload_id: a.node for a in store.assignments(fc.cluster)}
+        store.report(fc.cluster, [ended(w, "running", on[w]) for w in members])
+        await until("the gang running", running(True))
+        store.report(fc.cluster, [ended("t/main/0", "failed", on["t/main/0"], "exited 1")])
+        await until("the gang placed again, whole", running(False))  # fresh bindings
+        on = {a.workload_id: a.node for a in store.assignments(fc.cluster)}
+        store.report(fc.cluster, [ended("t/main/1", "failed", on["t/main/1"], "exited 2")])
+        await until(
+            "the job published failed",
+            lambda: (reads.batch_state(store, fc.cluster, "t") or ("",))[0] == "failed",
+        )
+        state = reads.batch_state(store, fc.cluster, "t")
+        assert state is not None and "t/main/1:" in state[1] and "exhausted" in state[1]

@@ -67,7 +67,7 @@ class Loop:
             done=done,
             completed=completed,
             jobs_changed=None,
-            **({"options": self.options} if self.options else {}),
+            options=self.options or ReconcileOptions(),
         )
         self.plan, self.carry = plan, plan.carry
         self.bindings = dict(plan.bindings)

@@ -168,7 +168,10 @@ class StoreActivities:
     @heartbeating
     def job_changes(self, req: JobChangesIn) -> JobsPage:
         page = self.store.job_spec_changes(req.cluster, req.since, req.limit)
-        return compact_specs(page.rows, page.revision, page.more)
+        out = compact_specs(page.rows, page.revision, page.more)
+        if req.since == 0:  # a full load: a run started afresh gets the queues back
+            return out.model_copy(update={"queues": self.store.queues(req.cluster) or None})
+        return out
 
     @activity.defn(name=ACT_WRITE_JOBS)
     @heartbeating

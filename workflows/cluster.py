@@ -30,7 +30,7 @@ from datetime import datetime
 from temporalio import workflow
 
 from workflows import activities as acts
-from workflows import batch, loading, patches
+from workflows import batch, loading, patches, queues
 from workflows.alarms import Alarms
 from workflows.mail import JobWrite
 from workflows.presentation import Presentation, status_json
@@ -40,7 +40,6 @@ from workflows.watch import StoreWatch
 with workflow.unsafe.imports_passed_through():
     from forge import clocks
     from forge.core.budget import next_budget
-    from forge.core.kinds import restarts_a_batch_gang
     from forge.core.models import MAX_BATCH_BYTES, Node
     from forge.core.reconcile import (
         MAX_WORK,
@@ -50,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         ReconcileOptions,
         reconcile,
     )
+    from forge.core.releasing import restarts_a_batch_gang
     from forge.core.versions import with_tasks_of
     from forge.stores.base import STATE_MOD, rows_digest
     from forge.wire import activity_contract as ac
@@ -415,6 +415,7 @@ class ClusterWorkflow(Presentation):
             nodes_upsert=list(nodes_upsert.values()),
             nodes_remove=list(nodes_remove),
             complete=batch.completions(plan),
+            queues=queues.unpersisted(st.queues, self.queues_persisted),
         )
         batch.failures(st, plan)
         published = self._publication(plan, now)
@@ -426,11 +427,13 @@ class ClusterWorkflow(Presentation):
             or persist.nodes_upsert
             or persist.nodes_remove
             or persist.status is not None
+            or persist.queues is not None
         ):
             return True
         st.pass_no += 1
         if not await self._persist(persist, plan):
             return False
+        self.queues_persisted = st.queues
         if persist.status is not None:
             self.published = published[0]
             # the summary for describe() (no store needed); small, never compressed

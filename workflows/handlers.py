@@ -63,6 +63,7 @@ LOGGED_ITEMS = 20  # rejected items of one register_node signal logged one by on
 class Handlers(queues.QueueHandlers):
     def __init__(self, inp: c.ClusterInput) -> None:
         self.st = LoopState.start(inp)
+        self.queues_persisted = self.st.queues  # as the store holds them (workflows.queues)
         self.queue = JobQueue()
         self.inbox: list[c.NodeOp] = []  # node operations for the next pass
         self.ready = False  # the state is loaded: handlers may act on it

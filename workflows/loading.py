@@ -9,7 +9,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 from workflows import activities as acts
-from workflows import batch
+from workflows import batch, queues
 from workflows.queue import JobQueue
 from workflows.state import LoopState, binding_from_row, hash_binding, worker_clock
 
@@ -87,6 +87,7 @@ async def load_jobs(st: LoopState) -> None:
         started = worker_clock()
         # each distinct group of the page shared once, before its jobs are built
         page.groups[:] = [st.shared.group(g) for g in page.groups]
+        queues.restore(st, page.queues)
         for job_id, job in page.jobs():
             if not full:
                 st.job_changed(job_id, job)

@@ -5,7 +5,9 @@ The update posts a :class:`QueueWrite` to the mail like every change (workflows.
 the loop takes it at a recorded intake, so a replay plans each pass with the queues
 it had live, whatever activation the handler ran in. The queues live in the loop's
 state and its checkpoint (they are few: ``MAX_QUEUES``), and each pass hands them
-to reconcile's admit stage. The handlers are a base class of the workflow's
+to reconcile's admit stage. The persist after a change writes them all to the
+store (:func:`unpersisted`), and a run started afresh reads them back with its
+first page of jobs (:func:`restore`). The handlers are a base class of the workflow's
 (:class:`QueueHandlers`): the kind of object keeps one module.
 """
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from workflows.handlers import Handlers
     from workflows.state import LoopState
 
-__all__ = ["QueueHandlers", "QueueWrite", "apply", "view"]
+__all__ = ["QueueHandlers", "QueueWrite", "apply", "restore", "unpersisted", "view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,26 @@ def apply(st: LoopState, item: QueueWrite) -> None:
     for name in item.delete:
         queues.pop(name, None)
     st.queues = {name: queues[name] for name in sorted(queues)}
+
+
+def restore(st: LoopState, stored: list[QueueSpec] | None) -> None:
+    """The queues a full load read from the store become the loop's when it has
+    none: a run started afresh on the store (a terminated cluster started again)
+    gets them back; a continued run carries its own in its checkpoint."""
+    if stored and not st.queues:
+        st.queues = {spec.name: spec for spec in sorted(stored, key=lambda s: s.name)}
+
+
+def unpersisted(
+    queues: dict[str, QueueSpec], persisted: dict[str, QueueSpec]
+) -> list[QueueSpec] | None:
+    """All the queues, for the pass's persist, when they changed since the run's last
+    persist (each change makes a new map: compared by identity, bounded); None:
+    unchanged. Never a write where neither has any: a cluster without queues persists
+    exactly as before them."""
+    if queues is persisted or not (queues or persisted):
+        return None
+    return list(queues.values())
 
 
 class QueueHandlers:

@@ -20,11 +20,8 @@ while an update rolls): :func:`check_batch` refuses ``autoscale`` and ``update``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
-
-if TYPE_CHECKING:
-    from forge.core.models import Job
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 __all__ = [
     "BATCH_RESCHEDULE",
@@ -38,7 +35,6 @@ __all__ = [
     "fatal",
     "kind_defaults",
     "phase",
-    "restarts_a_batch_gang",
 ]
 
 JobType = Literal["service", "batch"]
@@ -198,17 +194,3 @@ def check_batch(groups: Sequence[_Group]) -> None:
                 f"groups.{i}.update ({g.name}): a batch job does not roll updates; a "
                 "changed spec applies to the runs not yet complete"
             )
-
-
-def restarts_a_batch_gang(jobs: Mapping[str, Job], failed: Iterable[str]) -> bool:
-    """Whether a replica in ``failed`` is a member of a batch gang that restarts
-    whole when one fails (``on_member_loss: restart_all``): the one pass whose plan
-    the gang's shared attempt count changes (forge.core.releasing ``share_attempts``),
-    so the loop asks its patch there alone. Bounded by ``failed`` (a pass's reports)."""
-    for wid in failed:
-        job_id, group, _ = wid.rsplit("/", 2)
-        job = jobs.get(job_id)
-        g = job.group(group) if job is not None and job.type == "batch" else None
-        if g is not None and g.gang and g.on_member_loss == "restart_all":
-            return True
-    return False

@@ -17,7 +17,7 @@ rest of :mod:`forge.core`: no clock, no I/O, deterministic orders only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from forge.core.disruption import budget_left
 from forge.core.groups import Bound, Group, GroupKey
@@ -30,7 +30,7 @@ from forge.core.rolling import GroupRollout, plan_rollouts
 from forge.core.rollout import BUDGET_WAIT
 from forge.core.spread_down import SPREAD_DOWN, spread_moves
 
-__all__ = ["COMPLETE", "MEMBER_LOST", "RELEASE_UNITS", "Releasing"]
+__all__ = ["COMPLETE", "MEMBER_LOST", "RELEASE_UNITS", "Releasing", "restarts_a_batch_gang"]
 
 #: The release reason of a batch replica whose tasks all exited 0.
 COMPLETE = "complete"
@@ -289,3 +289,17 @@ class Releasing:
                     assert isinstance(self.bound, dict)
                     self.bound[key] += 1
                 plan.placed.append(m.new)
+
+
+def restarts_a_batch_gang(jobs: Mapping[str, Job], failed: Iterable[str]) -> bool:
+    """Whether a replica in ``failed`` is a member of a batch gang that restarts
+    whole when one fails (``on_member_loss: restart_all``): the one pass whose plan
+    the gang's shared attempt count changes (``Releasing.share_attempts``),
+    so the loop asks its patch there alone. Bounded by ``failed`` (a pass's reports)."""
+    for wid in failed:
+        job_id, group, _ = wid.rsplit("/", 2)
+        job = jobs.get(job_id)
+        g = job.group(group) if job is not None and job.type == "batch" else None
+        if g is not None and g.gang and g.on_member_loss == "restart_all":
+            return True
+    return False

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node
+from forge.core.quota import QueueSpec
 from forge.stores.rows import (
     ApplyResult,
     AssignmentRow,
@@ -339,6 +340,11 @@ class Store(Protocol):
     def completions(self, cluster: str, after: str = "", limit: int = 5000) -> list[str]:
         """Batch replicas that completed (``Delta.complete``) with workload_id >
         after, ordered by workload_id; a job's go when it is deleted."""
+        ...
+
+    def queues(self, cluster: str) -> list[QueueSpec]:
+        """The cluster's queues as the loop last persisted them (``Delta.queues``),
+        by name."""
         ...
 
     def fence(self, cluster: str) -> Fence | None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from forge.core.models import Assignment, Job, Node, NodeState
+from forge.core.quota import QueueSpec
 from forge.core.versions import describe_change
 from forge.stores.base import (
     ApplyResult,
@@ -80,6 +81,7 @@ class _Cluster:
     states: dict[str, ReplicaState] = field(default_factory=dict)  # see next_state
     status: str | None = None
     completions: dict[str, None] = field(default_factory=dict)  # batch replicas done
+    queues: list[QueueSpec] = field(default_factory=list)  # by name
     versions: dict[tuple[str, str], list[GroupVersion]] = field(default_factory=dict)
 
 
@@ -208,6 +210,8 @@ class MemoryStore:
                 c.status = delta.status
             for workload in delta.complete:
                 c.completions[workload] = None
+            if delta.queues is not None:
+                c.queues = sorted(delta.queues, key=lambda q: q.name)
             c.fence, c.digest = fence, digest
         return ApplyResult(applied=True, digest=digest)
 
@@ -219,6 +223,10 @@ class MemoryStore:
         with self._lock:
             done = sorted(w for w in self._cluster(cluster).completions if w > after)
             return done[:limit]
+
+    def queues(self, cluster: str) -> list[QueueSpec]:
+        with self._lock:
+            return list(self._cluster(cluster).queues)
 
     def fence(self, cluster: str) -> Fence | None:
         with self._lock:

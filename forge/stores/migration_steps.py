@@ -178,6 +178,16 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     # 9: a usage sample's GPU utilisation (autoscaling on ``gpu``), kept with the
     # latest sample only; NULL: not measured.
     ("ALTER TABLE latest_usage ADD COLUMN gpu REAL",),
+    # 10: the cluster's queues (forge.core.quota), written whole by the persist that
+    # follows a change, so a run started afresh on the store gets them back
+    (
+        """CREATE TABLE queues (
+            cluster TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            PRIMARY KEY (cluster, name)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -309,4 +319,13 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     EXIT_CODE_STEP,
     # 9: see the SQLite step; likewise
     GPU_USAGE_STEP,
+    # 10: see the SQLite step
+    (
+        """CREATE TABLE queues (
+            cluster TEXT COLLATE "C" NOT NULL,
+            name TEXT COLLATE "C" NOT NULL,
+            spec TEXT NOT NULL,
+            PRIMARY KEY (cluster, name)
+        )""",
+    ),
 )

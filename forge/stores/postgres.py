@@ -61,6 +61,7 @@ from forge.stores.sql import (
     write_completions,
     write_jobs,
     write_nodes,
+    write_queues,
     write_reports,
     write_status,
 )
@@ -201,6 +202,8 @@ class PostgresStore(SqlReads):
                 write_status(cur, "postgres", cluster, delta.status)
             if delta.complete:
                 write_completions(cur, "postgres", cluster, delta.complete)
+            if delta.queues is not None:
+                write_queues(cur, "postgres", cluster, delta.queues)
             cur.execute(
                 "UPDATE fences SET generation = %s, pass_no = %s, digest = %s WHERE cluster = %s",
                 (fence.generation, fence.pass_no, digest, cluster),

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from forge.core.models import Assignment, Job, Node, TaskGroup
+from forge.core.quota import QueueSpec
 from forge.errors import STORE_ERROR, Conflict, ForgeError
 
 __all__ = [
@@ -115,6 +116,12 @@ class Delta(_Wire):
         default_factory=list,
         description="batch replicas that completed (released in this delta too): "
         "recorded for good, until their job is deleted; not part of the digest",
+    )
+    queues: list[QueueSpec] | None = Field(
+        default=None,
+        description="the cluster's queues, all of them, replacing those stored (None: "
+        "unchanged), so a run started afresh on the store gets them back; not part "
+        "of the digest",
     )
 
     def is_empty(self) -> bool:

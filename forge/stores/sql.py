@@ -20,6 +20,7 @@ import json
 from typing import Any, Literal, LiteralString
 
 from forge.core.models import Assignment, Job, Node, NodeState, TaskGroup
+from forge.core.quota import QueueSpec
 from forge.stores.base import (
     AssignmentRow,
     Fence,
@@ -44,6 +45,7 @@ from forge.stores.sql_writes import (
     write_completions,
     write_jobs,
     write_nodes,
+    write_queues,
     write_reports,
     write_status,
     write_versions,
@@ -60,6 +62,7 @@ __all__ = [
     "write_completions",
     "write_jobs",
     "write_nodes",
+    "write_queues",
     "write_reports",
     "write_status",
     "write_versions",
@@ -172,6 +175,12 @@ class SqlReads:
             (cluster, after, limit),
         )
         return [str(r[0]) for r in rows]
+
+    def queues(self, cluster: str) -> list[QueueSpec]:
+        rows = self._all(
+            self._q("SELECT spec FROM queues WHERE cluster = ? ORDER BY name"), (cluster,)
+        )
+        return [QueueSpec.model_validate_json(r[0]) for r in rows]
 
     def fence(self, cluster: str) -> Fence | None:
         row = self._one(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import LiteralString
 
 from forge.core.models import Job, Node, TaskGroup
+from forge.core.quota import QueueSpec
 from forge.core.versions import describe_change
 from forge.stores.base import (
     Delta,
@@ -162,6 +163,15 @@ def write_completions(db: Executor, dialect: Dialect, cluster: str, done: list[s
             dialect,
         ),
         [(cluster, w, w.split("/", 1)[0]) for w in done],
+    )
+
+
+def write_queues(db: Executor, dialect: Dialect, cluster: str, queues: list[QueueSpec]) -> None:
+    """Replace the cluster's queues with ``queues`` (all of them: few, MAX_QUEUES)."""
+    db.execute(sql("DELETE FROM queues WHERE cluster = ?", dialect), (cluster,))
+    db.executemany(
+        sql("INSERT INTO queues (cluster, name, spec) VALUES (?, ?, ?)", dialect),
+        [(cluster, q.name, q.model_dump_json()) for q in queues],
     )
 
 

@@ -51,6 +51,7 @@ from forge.stores.sql import (
     write_completions,
     write_jobs,
     write_nodes,
+    write_queues,
     write_reports,
     write_status,
 )
@@ -282,6 +283,8 @@ class SqliteStore(SqlReads):
                 write_status(db, "sqlite", cluster, delta.status)
             if delta.complete:
                 write_completions(db, "sqlite", cluster, delta.complete)
+            if delta.queues is not None:
+                write_queues(db, "sqlite", cluster, delta.queues)
             db.execute(
                 "INSERT INTO fences (cluster, generation, pass_no, digest) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (cluster) DO UPDATE SET generation = excluded.generation,"

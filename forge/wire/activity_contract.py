@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, TaskGroup
 from forge.core.periodic import Schedule
+from forge.core.quota import QueueSpec
 from forge.serialize import omit_defaults
 from forge.stores.base import AssignmentRow, Delta
 
@@ -157,6 +158,9 @@ class JobsPage(_Msg):
     rows: list[JobRow]
     revision: int = Field(description="the highest revision this page covers")
     more: bool
+    #: the cluster's stored queues, on the first page of a full load (``since`` 0)
+    #: only: a run started afresh on the store gets them back (left out when None)
+    queues: list[QueueSpec] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def jobs(self) -> list[tuple[str, Job | None]]:
         groups = self.groups
@@ -221,6 +225,9 @@ class PersistIn(_Msg):
     work_seconds: float | None = Field(default=None, exclude_if=lambda v: v is None)
     #: batch replicas that completed, released in this persist too (left out when none)
     complete: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
+    #: the cluster's queues, all of them, when a change since the run's last persist
+    #: made them differ from the store's (left out when None: unchanged)
+    queues: list[QueueSpec] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class WatchIn(_Msg):
@@ -342,6 +349,7 @@ def to_delta(p: PersistIn, *, validate: bool) -> Delta:
             nodes_remove=list(p.nodes_remove),
             status=p.status,
             complete=list(p.complete),
+            queues=p.queues,
         )
     return Delta.model_construct(
         bind=binds,
@@ -350,4 +358,5 @@ def to_delta(p: PersistIn, *, validate: bool) -> Delta:
         nodes_remove=list(p.nodes_remove),
         status=p.status,
         complete=list(p.complete),
+        queues=p.queues,
     )

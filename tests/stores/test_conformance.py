@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from forge.core.models import Assignment, AssignmentStatus, Job, Node, NodeState
+from forge.core.quota import QueueSpec
 from forge.stores import (
     Delta,
     Fence,
@@ -1100,3 +1101,21 @@ def test_completions_are_recorded_with_their_release_and_go_with_their_job(store
     assert store.completions("other") == []
     store.delete_job(C, "b")  # job "bb" shares the prefix "b", not the job
     assert store.completions(C) == ["bb/api/0"]
+
+
+def test_queues_are_replaced_whole_by_a_delta_and_kept_by_one_without(store: Store) -> None:
+    """The loop persists all its queues after a change (``Delta.queues``), so a run
+    started afresh on the store gets them back (forge.core.quota)."""
+    ml = QueueSpec.model_validate({"name": "ml", "cohort": "r", "quota": {"cpu": {"nominal": 8}}})
+    cv = QueueSpec.model_validate({"name": "cv", "cohort": "r", "weight": 2})
+    assert store.queues(C) == []
+    store.apply_delta(C, Fence(1, 1), Delta(queues=[ml, cv]))
+    assert store.queues(C) == [cv, ml]  # by name, whole specs
+    store.apply_delta(C, Fence(1, 2), Delta(release=["x/g/0"]))  # queues None: unchanged
+    assert store.queues(C) == [cv, ml]
+    assert store.queues("other") == []
+    store.apply_delta("other", Fence(1, 1), Delta(queues=[cv]))
+    store.apply_delta(C, Fence(1, 3), Delta(queues=[ml]))  # cv deleted
+    assert store.queues(C) == [ml] and store.queues("other") == [cv]
+    store.apply_delta(C, Fence(1, 4), Delta(queues=[]))  # the last one deleted
+    assert store.queues(C) == []

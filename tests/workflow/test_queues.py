@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import uuid
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -25,7 +26,7 @@ from forge.client.queues import apply_queues, read_queues
 from forge.core.models import Job
 from forge.core.quota import QueueSpec
 from forge.errors import InvalidInput
-from forge.stores import Store
+from forge.stores import MemoryStore, Store
 from forge.wire import queues as q
 from tests.workflow.harness import cluster, default_options, job, node
 from tests.workflow.test_batch_end import _replays
@@ -157,3 +158,41 @@ async def test_a_queue_arriving_with_nothing_takes_its_fair_share_from_the_first
         assert any(r.startswith("preempted by b/main/") for r in why.reasons), why.reasons
         await _replays(fc)
         assert (len(bound(store, fc, "a")), len(bound(store, fc, "b"))) == (3, 3)
+
+
+async def _planned_view(fc: ForgeClient) -> q.QueueView | None:
+    """The loop's first queue once a pass of the run has counted its bound replicas
+    (asked of the loop: the store's published copy outlives any run); None if the
+    run shows none within 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        view = await fc.handle().query(q.QUERY_QUEUES, result_type=q.QueuesView)
+        if (view.queues and view.queues[0].bound) or time.monotonic() > deadline:
+            return view.queues[0] if view.queues else None
+        await asyncio.sleep(0.02)  # poll interval, not synchronisation
+
+
+async def test_queues_outlive_a_terminated_cluster_through_the_store(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """A cluster terminated and started again (a workflow with no checkpoint on the
+    same store) gets its queues back from the store, as it gets its jobs and
+    bindings: the replica the quota held back stays queued, not placed past it."""
+    store, name = MemoryStore(), f"c{uuid.uuid4().hex[:8]}"
+    async with cluster(skipping_env.client, store=store, name=name) as (fc, _):
+        await fc.register_nodes([node("n1", cpu=16000, memory=65536)])
+        await apply_queues(fc, [_queue("ml", 2000)])
+        await fc.submit_job(_in("ml", "a", 3))
+        await until("two of a bound", lambda: len(bound(store, fc, "a")) == 2)
+        await _replays(fc)
+    assert store.queues(name) == [_queue("ml", 2000)]
+    async with cluster(skipping_env.client, store=store, name=name) as (fc, _):
+        await fc.start()
+        view = await _planned_view(fc)
+        assert view is not None, "the new run has no queue"
+        assert (view.spec, view.bound, view.queued) == (_queue("ml", 2000), 2, 1)
+        assert len(bound(store, fc, "a")) == 2
+        await apply_queues(fc, [_queue("ml", 3000)])  # and a change goes on as before
+        assert len(bound(store, fc, "a")) == 3
+        assert store.queues(name) == [_queue("ml", 3000)]
+        await _replays(fc)

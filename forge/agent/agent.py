@@ -113,6 +113,8 @@ class Agent:
         records = self.state.load()
         self.supervisor.adopt(records, {})
         self._adopted = set(self.supervisor.replicas)
+        for wid, replica in sorted(self.supervisor.replicas.items()):
+            self.peers.adopt(wid, replica.peers)
         if records:
             log.info("agent.adopting", replicas=sorted(self._adopted))
 
@@ -244,6 +246,8 @@ class Agent:
             self._versions[wid] = a.version
             devices = split_devices(group, a.gpu_ids, a.gpu_milli)
             event = sup.start(wid, group, a.cpu, a.memory, devices, peers)
+            if peers and wid in sup.replicas:  # kept with its processes, for an adopter
+                sup.replicas[wid].peers = self.peers.told(wid)
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
 

@@ -103,6 +103,18 @@ class Peers:
             return False
         return any(told.get(rank) != node for rank, node in now.items())
 
+    def told(self, wid: str) -> dict[int, str]:
+        """The members ``wid`` was told of when it started (kept in the agent's state
+        file with its processes)."""
+        return dict(self._told.get(wid, {}))
+
+    def adopt(self, wid: str, told: dict[int, str]) -> None:
+        """A member a previous agent started, with what it was told: restarted like
+        one started here when its peers have moved (while this agent was down too)."""
+        if told:
+            self._told[wid] = dict(told)
+            self.watched.add(_group_key(wid))
+
     def forget(self, wid: str) -> None:
         self._told.pop(wid, None)
 

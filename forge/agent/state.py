@@ -29,6 +29,9 @@ class ProcessRecord:
     started: float  # psutil's create_time(): the kernel's start time of the process
     ports: dict[str, int] = field(default_factory=dict)
     node: str = ""
+    #: a gang member's peers as it was told them (ordinal -> node), so the agent
+    #: that adopts it restarts it when they have moved (forge.agent.peers)
+    peers: dict[str, str] = field(default_factory=dict)
 
 
 def alive(pid: int, started: float) -> bool:

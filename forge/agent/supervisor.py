@@ -83,6 +83,8 @@ class Replica:
     #: GPU utilisation is measured on.
     gpu_ids: tuple[str, ...] = ()
     gpu_milli: int = 0
+    #: the peers a gang member was told (ordinal -> node; forge.agent.peers)
+    peers: dict[int, str] = field(default_factory=dict)
 
     def rebind(self, cpu: int, memory: int, gpu_ids: tuple[str, ...], gpu_milli: int) -> None:
         """The binding's request, read again each step (an adopted replica learns it)."""
@@ -257,11 +259,22 @@ class Supervisor:
                 TaskProc(r.task, r.pid, r.started, log_path(self.data_dir, wid, r.task), r.ports)
                 for r in recs
             ]
-            self.replicas[wid] = Replica(wid, recs[0].node or self.node, tasks, cpu, memory)
+            told = {int(k): v for k, v in recs[0].peers.items()}
+            self.replicas[wid] = Replica(
+                wid, recs[0].node or self.node, tasks, cpu, memory, peers=told
+            )
 
     def records(self) -> list[ProcessRecord]:
         return [
-            ProcessRecord(r.workload_id, t.name, t.pid, t.started, t.ports, r.node)
+            ProcessRecord(
+                r.workload_id,
+                t.name,
+                t.pid,
+                t.started,
+                t.ports,
+                r.node,
+                {str(k): v for k, v in sorted(r.peers.items())},
+            )
             for r in self.replicas.values()
             for t in r.tasks
             if not t.finished()

@@ -12,11 +12,20 @@ import psutil
 import pytest
 
 from forge.agent.agent import Agent
-from forge.agent.config import AgentConfig
+from forge.agent.config import ADDRESS_LABEL, AgentConfig
 from forge.agent.server import LogServer
-from forge.core.models import Node
-from forge.stores import MemoryStore
-from tests.agent.helpers import PY, SLEEP, Binder, alive, command_job, local_node, until
+from forge.core.models import Assignment, Node
+from forge.stores import Delta, Fence, MemoryStore
+from tests.agent.helpers import (
+    PY,
+    SLEEP,
+    Binder,
+    alive,
+    command_job,
+    local_node,
+    task_environs,
+    until,
+)
 
 
 @pytest.fixture
@@ -360,3 +369,45 @@ def test_a_replica_bound_again_on_another_version_is_restarted_on_it(store, tmp_
     assert not any(alive(p) for p in first)
     assert [s for s, _ in _reports(store, wid)] == ["running", "running"]  # no exit reported
     agent.shutdown(stop_tasks=True)
+
+
+def test_an_adopted_gang_member_is_restarted_when_its_peers_moved_while_the_agent_was_down(
+    store, tmp_path
+) -> None:
+    """What a member was told is kept with its processes (the state file), so the
+    agent that adopts it after a kill -9 sees that a peer moved meanwhile and tells
+    it by a restart, as the agent that started it would have."""
+    labelled = local_node().model_copy(update={"labels": {ADDRESS_LABEL: "10.0.0.1"}})
+    config = AgentConfig(node=labelled, data_dir=tmp_path, poll=0.05, heartbeat_every=0.2)
+    others = [
+        Node(id=n, cpu=4000, memory=8192, labels={ADDRESS_LABEL: a})
+        for n, a in (("n2", "10.0.0.2"), ("n3", "10.0.0.3"))
+    ]
+    store.apply_delta("default", Fence(1, 100), Delta(nodes_upsert=others))
+    base = command_job("train", SLEEP, replicas=2)
+    gang = base.model_copy(update={"groups": (base.groups[0].model_copy(update={"gang": True}),)})
+    binder = Binder(store)
+    binder.pass_no = 100
+    me = binder.bind(gang, 0, "n1")
+    peer = binder.bind(gang, 1, "n2")
+    registered: list[Node] = []
+    first = Agent(config, store, registered.append)
+    until(lambda: _pids(first, me) if me in first.supervisor.replicas else [], step=first.step)
+    first.step()  # its state saved, with what it was told
+    told_pid = _pids(first, me)[0]
+    # the agent dies without stopping anything (kill -9); meanwhile the peer moves to n3
+    moved = Assignment(
+        workload_id=peer, job="train", group="main", ordinal=1, node="n3", cpu=500, memory=256
+    )
+    binder.apply(release=[peer], bind=[moved])
+    second = Agent(config, store, registered.append)
+
+    def told_again() -> bool:
+        return me in second.supervisor.replicas and _pids(second, me) not in ([], [told_pid])
+
+    until(told_again, step=second.step)
+    assert not _exists(told_pid)
+    (now_pid,) = _pids(second, me)
+    peers = task_environs({"FORGE_WORKLOAD_ID": me})[now_pid]["FORGE_PEERS"]
+    assert "10.0.0.3" in peers and "10.0.0.2" not in peers  # told where the peer is now
+    second.shutdown(stop_tasks=True)

@@ -165,6 +165,19 @@ def job_yaml(resources: str = "{cpu: 500, memory: 256}", group_extra: str = "") 
             "type: batch\n" + job_yaml(group_extra="    scaling: {max_failed: -1}\n"),
             "groups.0.scaling.max_failed",
         ),
+        (
+            "type: batch\n" + job_yaml(group_extra="    scaling: {parallelism: 0}\n"),
+            "groups.0.scaling.parallelism",
+        ),
+        (
+            "type: batch\n" + job_yaml(group_extra="    autoscale: {policy: target}\n"),
+            "groups.0.autoscale (api): a batch job",
+        ),
+        (
+            "type: batch\n" + job_yaml(group_extra="    update: {}\n"),
+            "groups.0.update (api): a batch job",
+        ),
+        ("type: cron\n" + job_yaml(), "type: Input should be 'service' or 'batch'"),
     ],
     ids=[
         "negative-cpu",
@@ -177,6 +190,10 @@ def job_yaml(resources: str = "{cpu: 500, memory: 256}", group_extra: str = "") 
         "max-failed-on-a-service",
         "max-failed-on-a-gang",
         "negative-max-failed",
+        "zero-parallelism",
+        "batch-with-autoscale",
+        "batch-with-update",
+        "unknown-type",
     ],
 )
 def test_job_validate_rejects_bad_fields_with_exit_2(

@@ -296,8 +296,42 @@ def oversized_fields(draw: st.DrawFn) -> Bad:
     return Bad(doc, "groups.0.tasks.0.env.BIG", "at most 4096", how)
 
 
+@st.composite
+def bad_kinds(draw: st.DrawFn) -> Bad:
+    """Fields of a kind of work where they cannot work (issue 32): a batch job's
+    scaling, autoscaling and rolling update, a schedule, a job type."""
+    doc = copy.deepcopy(BASE)
+    g = draw(st.integers(0, 1))
+    group, name = doc["groups"][g], doc["groups"][g]["name"]
+    kinds = ["parallelism", "autoscale", "update", "cron", "timezone", "on-a-service", "type"]
+    how = draw(st.sampled_from(kinds))
+    doc["type"] = "batch"
+    if how == "parallelism":
+        group["scaling"]["parallelism"] = draw(st.integers(-(2**31), 0))
+        return Bad(doc, f"groups.{g}.scaling.parallelism", kind=how)
+    if how in ("autoscale", "update"):
+        group[how] = {"policy": "target"} if how == "autoscale" else {}
+        return Bad(doc, "", f"groups.{g}.{how} ({name}): a batch job", how)
+    if how == "cron":
+        hour = draw(st.integers(24, 99))
+        doc["schedule"] = {"cron": f"0 {hour} * * *"}
+        return Bad(doc, "schedule.cron", f"hour '{hour}'", how)
+    if how == "timezone":
+        zone = draw(st.sampled_from(["Moon/Base", "UTC+25"]))
+        doc["schedule"] = {"cron": "@daily", "timezone": zone}
+        return Bad(doc, "schedule.timezone", "unknown time zone", how)
+    if how == "on-a-service":
+        doc["type"] = "service"
+        doc["schedule"] = {"cron": "@daily"}
+        return Bad(doc, "", "schedule: only a batch job", how)
+    doc["type"] = draw(st.sampled_from(["cron", "daemon", "Batch", ""]))
+    return Bad(doc, "type", kind=how)
+
+
 def bad_jobs() -> st.SearchStrategy[Bad]:
-    return st.one_of(bad_resources(), bad_scaling(), bad_names(), bad_structure(), unknown_fields())
+    return st.one_of(
+        bad_resources(), bad_scaling(), bad_names(), bad_structure(), unknown_fields(), bad_kinds()
+    )
 
 
 @st.composite

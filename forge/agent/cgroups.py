@@ -12,6 +12,7 @@ memory, which the agent reports as "out of memory" from ``memory.events``.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -35,16 +36,35 @@ def cpu_max(cpu_milli: int) -> str:
 
 
 class Cgroups:
-    """The agent's subtree, ``<root>/forge-<node>``, one child per replica."""
+    """The agent's subtree, ``<parent>/forge-<node>``, one child per replica.
+    ``parent`` is the hierarchy's root, or the agent's own cgroup when it was
+    delegated (``delegated``): the agent then moves its own processes to the leaf
+    ``<parent>/forge-agent`` first, since cgroup v2 enables controllers for the
+    children of a cgroup only while it holds no process itself."""
 
-    def __init__(self, root: Path, node: str) -> None:
-        self.base = root / f"forge-{_UNSAFE.sub('_', node)}"
+    def __init__(self, parent: Path, node: str, *, delegated: bool = False) -> None:
+        self.base = parent / f"forge-{_UNSAFE.sub('_', node)}"
+        self.leaf = parent / "forge-agent" if delegated else None
 
     def prepare(self) -> None:
         """Create the subtree and delegate cpu and memory to its children."""
+        if self.leaf is not None:
+            self._leave_parent(self.leaf)
         self.base.mkdir(exist_ok=True)
         (self.base.parent / "cgroup.subtree_control").write_text("+cpu +memory")
         (self.base / "cgroup.subtree_control").write_text("+cpu +memory")
+
+    @staticmethod
+    def _leave_parent(leaf: Path) -> None:
+        """Move every process of the delegated cgroup (the agent, what its service
+        started beside it) into ``leaf``: one pid per write, as the kernel takes them."""
+        leaf.mkdir(exist_ok=True)
+        try:
+            pids = (leaf.parent / "cgroup.procs").read_text().split()
+        except FileNotFoundError:
+            pids = []
+        for pid in pids or [str(os.getpid())]:
+            (leaf / "cgroup.procs").write_text(pid)
 
     def path(self, workload_id: str) -> Path:
         return self.base / _UNSAFE.sub("_", workload_id)

@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from forge.agent.cgroups import cpu_max, memory_max
-from forge.agent.limits import cgroup_problem, hard_limits
+from forge.agent.limits import cgroup_problem, hard_limits, limits_notice
 from forge.agent.shim import is_shim
 from forge.agent.supervisor import Event, Supervisor
 from forge.core.models import TaskGroup
@@ -79,8 +81,60 @@ def test_a_delegated_hierarchy_gives_hard_limits_and_the_rest_say_why(tmp_path: 
     assert "no cgroup v2 hierarchy" in hard_limits("n1", tmp_path / "none")[1]
 
 
-def test_a_replica_runs_inside_its_cgroup_with_its_request(tmp_path: Path) -> None:
-    cgroups, _ = hard_limits("n1", _fake_root(tmp_path))
+def _delegated(tmp: Path, controllers: str = "cpu memory pids") -> tuple[Path, Path, Path]:
+    """A hierarchy whose root the agent may not write (no ``cgroup.subtree_control``
+    there for it) and the agent's own cgroup, delegated to it as systemd's
+    ``Delegate=yes`` does; and the stand-in for /proc/self/cgroup naming it."""
+    root = tmp / "cgroup"
+    own = root / "system.slice" / "forge-agent.service"
+    own.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.controllers").write_text(controllers + "\n")
+    (own / "cgroup.subtree_control").write_text("")
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    proc = tmp / "self-cgroup"
+    proc.write_text("0::/system.slice/forge-agent.service\n")
+    return root, own, proc
+
+
+def test_a_delegated_own_cgroup_holds_the_subtree_with_the_agent_moved_to_a_leaf(
+    tmp_path: Path,
+) -> None:
+    """Not root on the hierarchy, but a service given its cgroup (systemd's
+    ``Delegate=yes``): the subtree goes there, and the agent's processes move to a
+    leaf first (cgroup v2 enables controllers for children of a cgroup with none)."""
+    root, own, proc = _delegated(tmp_path)
+    cgroups, line = hard_limits("n1", root, proc)
+    assert cgroups is not None, line
+    assert cgroups.base == own / "forge-n1" and cgroups.base.is_dir()
+    assert (own / "forge-agent" / "cgroup.procs").read_text() == str(os.getpid())
+    assert (own / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    assert not (root / "cgroup.subtree_control").exists()  # the root is left alone
+    assert f"under {own / 'forge-n1'}" in line
+    assert limits_notice(root, proc).endswith(f"delegated, under {own}")
+
+
+def test_an_own_cgroup_not_delegated_or_delegated_without_a_controller_says_so(
+    tmp_path: Path,
+) -> None:
+    root, own, proc = _delegated(tmp_path / "a")
+    (own / "cgroup.subtree_control").unlink()  # not the agent's to write
+    cgroups, line = hard_limits("n1", root, proc)
+    assert cgroups is None and "Delegate=yes" in line and "enforced by sampling" in line
+    root, own, proc = _delegated(tmp_path / "b", controllers="cpu pids")
+    assert cgroup_problem(root, proc) == f"its own cgroup {own} was delegated without: memory"
+    root, _, proc = _delegated(tmp_path / "c")
+    proc.write_text("0::/\n")  # in the root itself (a container's namespace)
+    assert "is not writable by the agent (no delegation)" in (cgroup_problem(root, proc) or "")
+
+
+@pytest.mark.parametrize("delegated", [False, True], ids=["root", "delegated"])
+def test_a_replica_runs_inside_its_cgroup_with_its_request(tmp_path: Path, delegated: bool) -> None:
+    if delegated:
+        root, _, proc = _delegated(tmp_path)
+        cgroups, _ = hard_limits("n1", root, proc)
+    else:
+        cgroups, _ = hard_limits("n1", _fake_root(tmp_path))
     sup = Supervisor(tmp_path / "data", "n1", cgroups=cgroups)
     try:
         event = sup.start("web/g/0", _group(SLEEP), cpu=500, memory=64)

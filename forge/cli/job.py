@@ -265,6 +265,39 @@ def history(job_id: str, store: str | None, cluster: str | None, as_json: bool) 
 
 
 @job.command(
+    short_help="a job's runs: attempts, start, end, exit status, node (reads the store)",
+    help=(
+        "Each run (replica) of JOB as its agents reported it: where it stands (complete, "
+        "running, exited, failed, bound, pending), how many times it started, when its "
+        "last attempt started and ended (UTC, the agents' clocks), its exit status and "
+        "node; read from the store the worker and the agents write to."
+    ),
+)
+@click.argument("job_id", type=NAME)
+@store_option
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="print a JSON list")
+def runs(job_id: str, store: str | None, cluster: str | None, as_json: bool) -> int:
+    from forge.client import runs as job_runs
+
+    s = settings(store=store, cluster=cluster)
+    url = s.store_url
+    opened = open_existing_store(url)
+    try:
+        found = store_call(lambda: opened.get_job(s.cluster, job_id), url)
+        if found is None:
+            raise NotFound(f"no job {job_id!r} in cluster {s.cluster}")
+        got = store_call(lambda: job_runs.read(opened, s.cluster, found), url)
+    finally:
+        opened.close()
+    if as_json:
+        print_json(job_runs.as_json(got))
+    else:
+        print(job_runs.table(got))
+    return 0
+
+
+@job.command(
     "status",
     short_help="a job's groups: replicas per version, the rollout and why it waits",
     help=(

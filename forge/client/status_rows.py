@@ -36,7 +36,7 @@ __all__ = ["SCHEMA_VERSION", "Rows", "read", "sqlite_file"]
 #: The store schema these queries are written for (``forge.stores.migrations.
 #: LATEST_VERSION``; a test keeps them equal): any other version, older or newer,
 #: takes the ordinary path, which migrates or refuses.
-SCHEMA_VERSION = 10  # (8 reports.exit_code, 9 latest_usage.gpu, 10 queues: read by none of these)
+SCHEMA_VERSION = 11  # (8 reports.exit_code, 9 latest_usage.gpu, 10 queues, 11 an index: unread)
 
 #: :meth:`forge.wire.contract.Summary.empty`, as JSON (before the first pass).
 _EMPTY_SUMMARY: dict[str, Any] = {

@@ -342,6 +342,13 @@ class Store(Protocol):
         after, ordered by workload_id; a job's go when it is deleted."""
         ...
 
+    def job_reports(
+        self, cluster: str, job_id: str, after: int = 0, limit: int = 5000
+    ) -> list[TaskReport]:
+        """The decisions (``reports_since``'s rows) of ``job_id``'s replicas with seq >
+        ``after``, by seq: each run's starts and ends (``forge job runs``)."""
+        ...
+
     def queues(self, cluster: str) -> list[QueueSpec]:
         """The cluster's queues as the loop last persisted them (``Delta.queues``),
         by name."""

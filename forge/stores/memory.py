@@ -292,6 +292,14 @@ class MemoryStore:
             start = max(seq, 0)
             return reports[start : start + max(limit, 0)]
 
+    def job_reports(
+        self, cluster: str, job_id: str, after: int = 0, limit: int = 5000
+    ) -> list[TaskReport]:
+        prefix = f"{job_id}/"
+        with self._lock:
+            reports = self._cluster(cluster).reports[max(after, 0) :]
+            return [r for r in reports if r.workload_id.startswith(prefix)][: max(limit, 0)]
+
     def group_usage(self, cluster: str, since: float) -> dict[str, GroupUsage]:
         with self._lock:
             usage = self._cluster(cluster).usage

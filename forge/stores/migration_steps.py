@@ -188,6 +188,9 @@ SQLITE_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             PRIMARY KEY (cluster, name)
         ) WITHOUT ROWID""",
     ),
+    # 11: a job's runs read from their decisions (``forge job runs``: each attempt's
+    # start, end and exit status), without a scan of every report of the cluster
+    ("CREATE INDEX reports_by_workload ON reports (cluster, workload_id, seq)",),
 )
 
 POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
@@ -328,4 +331,6 @@ POSTGRES_MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
             PRIMARY KEY (cluster, name)
         )""",
     ),
+    # 11: see the SQLite step
+    ("CREATE INDEX reports_by_workload ON reports (cluster, workload_id, seq)",),
 )

@@ -247,21 +247,20 @@ class SqlReads:
             ),
             (cluster, seq, max(limit, 0)),
         )
-        return [
-            TaskReport(
-                seq=s,
-                workload_id=w,
-                status=st,
-                cpu=c,
-                memory=m,
-                at=at,
-                message=msg,
-                node=n,
-                healthy=None if h is None else bool(h),
-                exit_code=code,
-            )
-            for s, w, st, c, m, at, msg, n, h, code in rows
-        ]
+        return _task_reports(rows)
+
+    def job_reports(
+        self, cluster: str, job_id: str, after: int = 0, limit: int = 5000
+    ) -> list[TaskReport]:
+        rows = self._all(
+            self._q(
+                "SELECT seq, workload_id, status, cpu, memory, at, message, node, healthy,"
+                " exit_code FROM reports WHERE cluster = ? AND workload_id > ?"
+                " AND workload_id < ? AND seq > ? ORDER BY seq LIMIT ?"
+            ),
+            (cluster, f"{job_id}/", f"{job_id}0", after, max(limit, 0)),  # "0" follows "/"
+        )
+        return _task_reports(rows)
 
     def group_usage(self, cluster: str, since: float) -> dict[str, GroupUsage]:
         rows = self._all(
@@ -288,3 +287,23 @@ class SqlReads:
             )
             for s, w, st, c, m, g, at, msg, n in rows
         ]
+
+
+def _task_reports(rows: list[Any]) -> list[TaskReport]:
+    """Rows of ``reports`` (seq, workload_id, status, cpu, memory, at, message, node,
+    healthy, exit_code) as reports."""
+    return [
+        TaskReport(
+            seq=s,
+            workload_id=w,
+            status=st,
+            cpu=c,
+            memory=m,
+            at=at,
+            message=msg,
+            node=n,
+            healthy=None if h is None else bool(h),
+            exit_code=code,
+        )
+        for s, w, st, c, m, at, msg, n, h, code in rows
+    ]

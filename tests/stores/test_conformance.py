@@ -1119,3 +1119,30 @@ def test_queues_are_replaced_whole_by_a_delta_and_kept_by_one_without(store: Sto
     assert store.queues(C) == [ml] and store.queues("other") == [cv]
     store.apply_delta(C, Fence(1, 4), Delta(queues=[]))  # the last one deleted
     assert store.queues(C) == []
+
+
+def test_a_jobs_reports_are_its_replicas_decisions_by_seq_and_page(store: Store) -> None:
+    """``forge job runs`` reads one job's decisions (``job_reports``): not those of a
+    job whose id extends it, nor usage samples; in seq order, paged."""
+    store.report(
+        C,
+        [
+            TaskReport(workload_id="b/g/0", status="running", at=1.0, node="n1"),
+            TaskReport(workload_id="bb/g/0", status="running", at=1.5),
+            TaskReport(workload_id="b/g/1", status="running", at=2.0),
+            usage("b/g/1", 2.5, cpu=0.3),  # a sample, no decision
+            TaskReport(workload_id="b/g/0", status="failed", at=3.0, exit_code=3),
+            TaskReport(workload_id="b.x/g/0", status="running", at=3.5),
+        ],
+    )
+    got = store.job_reports(C, "b")
+    assert [(r.workload_id, r.status, r.exit_code) for r in got] == [
+        ("b/g/0", "running", None),
+        ("b/g/1", "running", None),
+        ("b/g/0", "failed", 3),
+    ]
+    assert [r.seq for r in got] == sorted(r.seq for r in got)
+    assert [r.workload_id for r in store.job_reports(C, "b", after=got[0].seq, limit=1)] == [
+        "b/g/1"
+    ]
+    assert store.job_reports("other", "b") == []

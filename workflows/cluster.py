@@ -240,7 +240,7 @@ class ClusterWorkflow(Presentation):
         st.nodes = await loading.load_nodes(st)
         st.jobs = {}
         st.jobs_revision = 0
-        await loading.load_jobs(st)
+        await loading.load_jobs(st, starting=True)
         carry = Carry.start(st.jobs, st.nodes, rolling=True)
         _, state_sum = await loading.load_bindings(st, carry)
         await batch.load_done(st)

@@ -72,8 +72,10 @@ async def load_bindings(st: LoopState, carry: Carry | None) -> tuple[dict[str, B
         after = rows.next_after
 
 
-async def load_jobs(st: LoopState) -> None:
-    """Job changes since ``st.jobs_revision`` (all of them from revision 0)."""
+async def load_jobs(st: LoopState, *, starting: bool = False) -> None:
+    """Job changes since ``st.jobs_revision`` (all of them from revision 0). At a
+    run's start (``starting``) a run without queues takes the store's (a resync
+    never does: a deletion of the last queue taken this pass is not persisted yet)."""
     # A full load (from revision 0) fills a fresh map and swaps it in at the
     # end, so the jobs never vanish from the handlers' view while pages arrive.
     full = not st.jobs_revision
@@ -87,7 +89,8 @@ async def load_jobs(st: LoopState) -> None:
         started = worker_clock()
         # each distinct group of the page shared once, before its jobs are built
         page.groups[:] = [st.shared.group(g) for g in page.groups]
-        queues.restore(st, page.queues)
+        if starting:
+            queues.restore(st, page.queues)
         for job_id, job in page.jobs():
             if not full:
                 st.job_changed(job_id, job)

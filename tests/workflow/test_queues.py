@@ -196,3 +196,22 @@ async def test_queues_outlive_a_terminated_cluster_through_the_store(
         assert len(bound(store, fc, "a")) == 3
         assert store.queues(name) == [_queue("ml", 3000)]
         await _replays(fc)
+
+
+async def test_the_last_queue_deleted_in_a_resyncing_pass_stays_deleted(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """A full reload of the jobs (a resync, here every pass) does not take the store's
+    queues back: only a run's start does, and a deletion of the last queue is not in
+    the store until the pass that took it persists."""
+    store = MemoryStore()
+    options = default_options(resync_seconds=0.001)
+    async with cluster(skipping_env.client, store=store, options=options) as (fc, _):
+        await fc.register_nodes([node("n1", cpu=16000, memory=65536)])
+        await apply_queues(fc, [_queue("ml", 2000)])
+        assert store.queues(fc.cluster) == [_queue("ml", 2000)]
+        await apply_queues(fc, [], ["ml"])  # returns after its pass
+        await fc.submit_job(job("probe", 1))  # and one more pass
+        view = await fc.handle().query(q.QUERY_QUEUES, result_type=q.QueuesView)
+        assert view.queues == [] and store.queues(fc.cluster) == []
+        await _replays(fc)

@@ -85,10 +85,8 @@ class Agent:
         self._released: set[str] = set()
         self._adopted: set[str] = set()
         self._jobs: dict[str, Job] = {}
-        self._last_heartbeat = -1e18
-        self._last_usage = -1e18
-        self._last_memory_check = -1e18
-        self._last_rotate = -1e18
+        self._last_heartbeat = self._last_usage = -1e18
+        self._last_memory_check = self._last_rotate = -1e18
         self._registered = False
         self._saved: list[object] = []
         self.usage: dict[str, tuple[float, float]] = {}
@@ -113,8 +111,7 @@ class Agent:
         records = self.state.load()
         self.supervisor.adopt(records, {})
         self._adopted = set(self.supervisor.replicas)
-        for wid, replica in sorted(self.supervisor.replicas.items()):
-            self.peers.adopt(wid, replica.peers)
+        self.peers.adopt({w: r.peers for w, r in sorted(self.supervisor.replicas.items())})
         if records:
             log.info("agent.adopting", replicas=sorted(self._adopted))
 
@@ -245,9 +242,7 @@ class Agent:
             self._checks[wid] = _checks_of(group)
             self._versions[wid] = a.version
             devices = split_devices(group, a.gpu_ids, a.gpu_milli)
-            event = sup.start(wid, group, a.cpu, a.memory, devices, peers)
-            if peers and wid in sup.replicas:  # kept with its processes, for an adopter
-                sup.replicas[wid].peers = self.peers.told(wid)
+            event = sup.start(wid, group, a.cpu, a.memory, devices, peers, self.peers.told(wid))
             log.info("agent.started", workload=wid, status=event.status, message=event.message)
             self._report(event)
 

@@ -16,7 +16,7 @@ the same peers, is not restarted (the agent sees the same binding).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -108,12 +108,13 @@ class Peers:
         file with its processes)."""
         return dict(self._told.get(wid, {}))
 
-    def adopt(self, wid: str, told: dict[int, str]) -> None:
-        """A member a previous agent started, with what it was told: restarted like
-        one started here when its peers have moved (while this agent was down too)."""
-        if told:
-            self._told[wid] = dict(told)
-            self.watched.add(_group_key(wid))
+    def adopt(self, told: Mapping[str, dict[int, str]]) -> None:
+        """Members a previous agent started, with what each was told: restarted like
+        those started here when their peers have moved (while this agent was down too)."""
+        for wid, members in told.items():
+            if members:
+                self._told[wid] = dict(members)
+                self.watched.add(_group_key(wid))
 
     def forget(self, wid: str) -> None:
         self._told.pop(wid, None)

@@ -178,21 +178,17 @@ class Supervisor:
         memory: int,
         devices: Mapping[str, TaskDevices] | None = None,
         peers: Mapping[str, str] | None = None,
+        told: Mapping[int, str] | None = None,
     ) -> Event:
         """Start every task of a replica; a task that cannot start (no such
         command) fails the replica with the OS error, and its started siblings
         are stopped. ``devices`` (:func:`forge.core.taskenv.split_devices`) are each
         task's GPUs: a task left out sees none; ``peers``
-        (:func:`forge.core.taskenv.peer_env`) go to every task."""
+        (:func:`forge.core.taskenv.peer_env`) go to every task, and ``told``, the
+        members they name (ordinal -> node), is kept with its processes."""
         taken = {p for r in self.replicas.values() for p in r.ports.values()}
-        replica = Replica(
-            workload_id,
-            self.node,
-            [],
-            cpu,
-            memory,
-            grace=max((t.stop_grace for t in group.tasks), default=STOP_GRACE),
-        )
+        grace = max((t.stop_grace for t in group.tasks), default=STOP_GRACE)
+        replica = Replica(workload_id, self.node, [], cpu, memory, grace, peers=dict(told or {}))
         self.replicas[workload_id] = replica
         ports = {name: free_port(taken) for t in group.tasks for name in t.ports}
         jail = self.cgroups.create(workload_id, cpu, memory) if self.cgroups else None

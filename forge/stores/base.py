@@ -281,8 +281,7 @@ class Store(Protocol):
         ...
 
     def put_jobs(self, cluster: str, jobs: Sequence[Job]) -> int:
-        """Insert or replace many jobs in one transaction, each with its own
-        revision (in order); returns the last. Empty: the current revision."""
+        """Upsert jobs in one transaction, a revision each; the last (or the current if none)."""
         ...
 
     def delete_job(self, cluster: str, job_id: str) -> int | None:
@@ -342,16 +341,12 @@ class Store(Protocol):
         after, ordered by workload_id; a job's go when it is deleted."""
         ...
 
-    def job_reports(
-        self, cluster: str, job_id: str, after: int = 0, limit: int = 5000
-    ) -> list[TaskReport]:
-        """The decisions (``reports_since``'s rows) of ``job_id``'s replicas with seq >
-        ``after``, by seq: each run's starts and ends (``forge job runs``)."""
+    def job_reports(self, cluster: str, job_id: str, after: int, limit: int) -> list[TaskReport]:
+        """``job_id``'s replicas' decisions with seq > ``after``, by seq (job runs)."""
         ...
 
     def queues(self, cluster: str) -> list[QueueSpec]:
-        """The cluster's queues as the loop last persisted them (``Delta.queues``),
-        by name."""
+        """The cluster's queues as the loop last persisted them (``Delta.queues``)."""
         ...
 
     def fence(self, cluster: str) -> Fence | None:

@@ -1135,7 +1135,7 @@ def test_a_jobs_reports_are_its_replicas_decisions_by_seq_and_page(store: Store)
             TaskReport(workload_id="b.x/g/0", status="running", at=3.5),
         ],
     )
-    got = store.job_reports(C, "b")
+    got = store.job_reports(C, "b", 0, 5000)
     assert [(r.workload_id, r.status, r.exit_code) for r in got] == [
         ("b/g/0", "running", None),
         ("b/g/1", "running", None),
@@ -1145,4 +1145,4 @@ def test_a_jobs_reports_are_its_replicas_decisions_by_seq_and_page(store: Store)
     assert [r.workload_id for r in store.job_reports(C, "b", after=got[0].seq, limit=1)] == [
         "b/g/1"
     ]
-    assert store.job_reports("other", "b") == []
+    assert store.job_reports("other", "b", 0, 5000) == []

@@ -18,7 +18,7 @@ MAX_FUNCTION = 60
 
 #: Modules over MAX_MODULE lines today, and their size when listed.
 LONG_MODULES: dict[str, int] = {
-    "forge/agent/agent.py": 407,
+    "forge/agent/agent.py": 406,
     "forge/core/models.py": 427,
     "forge/core/placement/select.py": 436,
     "forge/core/placing.py": 529,
@@ -29,7 +29,7 @@ LONG_MODULES: dict[str, int] = {
 #: Functions over MAX_FUNCTION lines today (``module::name``), and their length.
 LONG_FUNCTIONS: dict[str, int] = {
     "forge/agent/config.py::build_config": 63,
-    "forge/agent/supervisor.py::start": 76,
+    "forge/agent/supervisor.py::start": 72,
     "forge/client/status_rows.py::_read": 78,
     "forge/client/watchdog.py::diagnose": 91,
     "forge/client/watchdog.py::watch": 72,
